@@ -1,0 +1,39 @@
+// common.h: pieces the apps share: default paths, hardware description, metrics JSON,
+// the GPU report for --verbose, one-line error messages.
+#pragma once
+#include <cstdint>
+#include <string>
+
+#include "layers/sequential.h"
+
+namespace mf::apps {
+
+// $MF_DATA_DIR if set, else the project's data cache (.cache/mnist in the source tree).
+std::string default_data_dir();
+
+// "AMD EPYC, 2 threads" or "NVIDIA H200, sm_90, 132 SMs, 140 GiB".
+std::string hardware_description(Device device, int gpu_index);
+std::string cpu_model_name();
+
+// Newlines and tabs become spaces: errors print as one line.
+std::string one_line(const std::string& s);
+
+// Writes `text` to `path` atomically: a temporary file in the same folder, flushed, then
+// renamed over the target, so a crash never leaves half a file.
+void write_file_atomic(const std::string& path, const std::string& text);
+
+struct RunInfo {
+  Device device;
+  bool fp16;
+  std::int64_t batch_size;
+  int threads;
+  std::string hardware, data_dir;
+  std::int64_t seed;
+};
+void write_metrics_json(const std::string& path, const RunInfo& info, const History& h, const EvalResult& test,
+                        Sequential& model);
+
+// Per-layer GPU configuration (algorithms, math mode, precision) and device memory.
+void print_gpu_report(Sequential& model, bool fp16);
+
+}  // namespace mf::apps

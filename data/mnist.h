@@ -1,0 +1,55 @@
+// mnist.h: MNIST-style datasets (images + labels from an IDX pair), loading, Keras-style splits.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "data/idx.h"
+
+namespace mf::data {
+
+// `count` images of rows x cols unsigned bytes, row-major, image after image, and their labels.
+struct Dataset {
+  std::vector<std::uint8_t> images;  // count * rows * cols bytes
+  std::vector<std::uint8_t> labels;  // count values, each < num_classes
+  std::int64_t count = 0, rows = 0, cols = 0;
+  int num_classes = 10;
+  std::int64_t sample_size() const { return rows * cols; }
+};
+
+// Loads an images file (3-D IDX: count x rows x cols) and a labels file (1-D IDX: count),
+// raw or gzip. Throws DataError if the shapes are wrong, the counts differ (naming both files
+// and counts) or a label is >= num_classes (naming the file, the index and the value), and
+// std::invalid_argument unless 1 <= num_classes <= 256.
+Dataset load_idx_pair(const std::string& images_path, const std::string& labels_path,
+                      int num_classes = 10);
+
+struct Mnist {
+  Dataset train, test;
+  std::string dir;
+};
+
+// Loads the four standard files from `dir`. Each may be named in either usual way, optionally
+// gzipped, e.g. train-images-idx3-ubyte, train-images-idx3-ubyte.gz, train-images.idx3-ubyte or
+// train-images.idx3-ubyte.gz (likewise train-labels-idx1-ubyte, t10k-images-idx3-ubyte,
+// t10k-labels-idx1-ubyte). Works for Fashion-MNIST, which uses the same names. Throws
+// DataError "<dir>: data folder not found", or naming the folder and the names it looked for
+// when a file is missing, or if train and test images differ in size.
+Mnist load_mnist(const std::string& dir);
+
+// Keras `validation_split`: split_at = int(count * (1 - fraction)); train is samples
+// [0, split_at), validation the LAST count - split_at samples, in order, never shuffled.
+struct Split {
+  Dataset train, validation;
+};
+// Throws std::invalid_argument unless 0 <= fraction < 1.
+Split split_validation(const Dataset& d, double fraction);
+
+// Samples [begin, end) of d, copied. Throws std::invalid_argument unless 0 <= begin <= end <= count.
+Dataset subset(const Dataset& d, std::int64_t begin, std::int64_t end);
+
+// Throws std::invalid_argument naming `caller` unless images and labels have the sizes that
+// count, rows and cols say (guards hand-built Datasets before they are indexed).
+void check_dataset(const Dataset& d, const char* caller);
+
+}  // namespace mf::data

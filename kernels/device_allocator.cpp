@@ -1,0 +1,118 @@
+// device_allocator.cpp: the caching device allocator (see device_allocator.h).
+#include "kernels/device_allocator.h"
+
+#include <string>
+
+#include "kernels/errors.h"
+#include "kernels/gpu_runtime.h"
+
+#if MF_WITH_CUDA
+#include <cuda_runtime.h>
+
+#include "kernels/cuda_check.h"
+#endif
+
+namespace mf {
+
+DeviceAllocator& DeviceAllocator::instance() {
+  static DeviceAllocator* a = new DeviceAllocator();  // never destroyed: outlives every tensor
+  return *a;
+}
+
+DeviceAllocator::~DeviceAllocator() { release_cached(); }
+
+std::size_t DeviceAllocator::round_size(std::size_t bytes) {
+  // 512-byte granules keep the free lists short; blocks above 1 MiB round to 64 KiB.
+  const std::size_t g = bytes > (1u << 20) ? (64u << 10) : 512u;
+  return bytes == 0 ? g : (bytes + g - 1) / g * g;
+}
+
+void DeviceAllocator::set_limit(std::size_t bytes) {
+  std::lock_guard<std::mutex> lock(mu_);
+  limit_ = bytes;
+}
+std::size_t DeviceAllocator::limit() const { std::lock_guard<std::mutex> l(mu_); return limit_; }
+std::size_t DeviceAllocator::in_use() const { std::lock_guard<std::mutex> l(mu_); return in_use_; }
+std::size_t DeviceAllocator::peak() const { std::lock_guard<std::mutex> l(mu_); return peak_; }
+std::size_t DeviceAllocator::reserved() const { std::lock_guard<std::mutex> l(mu_); return reserved_; }
+void DeviceAllocator::reset_peak() { std::lock_guard<std::mutex> l(mu_); peak_ = in_use_; }
+
+#if MF_WITH_CUDA
+
+void* DeviceAllocator::allocate(std::size_t bytes) {
+  const std::size_t size = round_size(bytes);
+  std::lock_guard<std::mutex> lock(mu_);
+  if (limit_ != 0 && in_use_ + size > limit_)
+    throw OutOfMemoryError("GPU memory limit reached: need " + format_bytes(size) + " more, " +
+                               format_bytes(in_use_) + " in use, limit " + format_bytes(limit_),
+                           size, in_use_, limit_);
+  // Reuse the smallest cached block that fits, unless it would waste more than half.
+  auto it = free_.lower_bound(size);
+  if (it != free_.end() && it->first <= 2 * size) {
+    void* p = it->second;
+    const std::size_t got = it->first;
+    free_.erase(it);
+    live_[p] = got;
+    in_use_ += got;
+    if (in_use_ > peak_) peak_ = in_use_;
+    return p;
+  }
+  void* p = nullptr;
+  cudaError_t e = cudaMalloc(&p, size);
+  if (e == cudaErrorMemoryAllocation && !free_.empty()) {
+    cudaGetLastError();
+    for (auto& [s, q] : free_) {  // give the cache back to the driver and try once more
+      MF_GPU_WARN(cudaFree(q));
+      reserved_ -= s;
+    }
+    free_.clear();
+    e = cudaMalloc(&p, size);
+  }
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    std::size_t free_b = 0, total_b = 0;
+    cudaMemGetInfo(&free_b, &total_b);
+    cudaGetLastError();
+    throw OutOfMemoryError(std::string("cudaMalloc of ") + format_bytes(size) + " failed (" +
+                               cudaGetErrorString(e) + "): " + format_bytes(in_use_) +
+                               " in use by microflow, " + format_bytes(free_b) + " free of " +
+                               format_bytes(total_b) + " on the device",
+                           size, in_use_, limit_);
+  }
+  reserved_ += size;
+  live_[p] = size;
+  in_use_ += size;
+  if (in_use_ > peak_) peak_ = in_use_;
+  return p;
+}
+
+void DeviceAllocator::deallocate(void* p) {
+  if (!p) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = live_.find(p);
+  if (it == live_.end()) return;  // not ours: ignore rather than corrupt the lists
+  in_use_ -= it->second;
+  free_.emplace(it->second, p);
+  live_.erase(it);
+}
+
+void DeviceAllocator::release_cached() {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto& [s, p] : free_) {
+    MF_GPU_WARN(cudaFree(p));
+    reserved_ -= s;
+  }
+  free_.clear();
+}
+
+#else  // CPU-only build
+
+void* DeviceAllocator::allocate(std::size_t) {
+  throw NoGpuError("GPU memory requested but " + gpu_status().reason);
+}
+void DeviceAllocator::deallocate(void*) {}
+void DeviceAllocator::release_cached() {}
+
+#endif
+
+}  // namespace mf

@@ -1,0 +1,49 @@
+// conv2d.h: 2-D convolution, NHWC activations, stride 1, "valid" padding, optional fused ReLU.
+#pragma once
+#include <memory>
+
+#include "layers/layer.h"
+
+namespace mf {
+
+struct ConvGpuState;  // cuDNN descriptors and chosen algorithms (conv2d_gpu.cu)
+
+class Conv2D final : public Layer {
+ public:
+  // kernel: (filters, kernel, kernel, in_channels), "OHWI" (cuDNN's NHWC filter layout),
+  // Glorot-uniform with Keras's fans (fan_in = k*k*in, fan_out = k*k*filters); bias zero.
+  Conv2D(std::int64_t in_channels, std::int64_t filters, std::int64_t kernel_size, Activation act, Rng& rng);
+  ~Conv2D() override;
+
+  std::string type() const override { return "Conv2D"; }
+  // x: (N, H, W, C) -> y: (N, H-k+1, W-k+1, filters)
+  Shape output_shape(const Shape& in) const override;
+  std::vector<Parameter*> parameters() override { return {&weight_, &bias_}; }
+  std::string gpu_config() const override;
+  void to(Device device) override;
+  void set_compute_dtype(DType dtype) override;
+
+  std::int64_t in_channels() const { return in_channels_; }
+  std::int64_t filters() const { return filters_; }
+  std::int64_t kernel_size() const { return k_; }
+  Activation activation() const { return act_; }
+  Parameter& weight() { return weight_; }
+  Parameter& bias() { return bias_; }
+
+ protected:
+  void forward_cpu(const Tensor& x, Tensor& y) override;    // im2col + Eigen GEMM, threads
+  void backward_cpu(const Tensor& dy, Tensor& dx) override;
+#if MF_WITH_CUDA
+  void forward_gpu(const Tensor& x, Tensor& y) override;    // cuDNN + fused bias/ReLU kernel
+  void backward_gpu(const Tensor& dy, Tensor& dx) override;
+#endif
+
+ private:
+  std::int64_t in_channels_, filters_, k_;
+  Activation act_;
+  Parameter weight_, bias_;
+  std::vector<float> scratch_;   // CPU: per-thread im2col and gradient buffers
+  std::unique_ptr<ConvGpuState> gpu_;
+};
+
+}  // namespace mf

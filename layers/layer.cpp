@@ -1,0 +1,114 @@
+// layer.cpp: the checks and device dispatch shared by every layer.
+#include "layers/layer.h"
+
+#include <cmath>
+#include <stdexcept>
+
+#include "tensor/rng.h"
+
+namespace mf {
+
+std::int64_t Layer::num_params() {
+  std::int64_t n = 0;
+  for (Parameter* p : parameters()) n += p->value.numel();
+  return n;
+}
+
+void Layer::check_input(const Shape& in, const std::vector<std::int64_t>& expected) const {
+  bool ok = in.rank() == static_cast<int>(expected.size());
+  for (int i = 0; ok && i < in.rank(); ++i) ok = expected[i] < 0 || expected[i] == in[i];
+  if (!ok) {
+    std::string want = "(";
+    for (std::size_t i = 0; i < expected.size(); ++i)
+      want += (i ? ", " : "") + (expected[i] < 0 ? std::string(i == 0 ? "batch" : "any") : std::to_string(expected[i]));
+    want += ")";
+    throw std::invalid_argument(type() + (name_.empty() ? "" : " '" + name_ + "'") +
+                                ": expected input of shape " + want + ", got " + in.str());
+  }
+}
+
+const Tensor& Layer::forward(const Tensor& x) {
+  if (!x.defined()) throw std::invalid_argument(type() + ": forward of an undefined tensor");
+  if (x.device() != device_)
+    throw std::invalid_argument(type() + ": input is on the " + device_name(x.device()) +
+                                " but the layer's parameters are on the " + device_name(device_) +
+                                " (call to(Device) on the model first)");
+  const DType want = device_ == Device::kGpu ? compute_dtype_ : DType::kF32;
+  if (x.dtype() != want)
+    throw std::invalid_argument(type() + ": input is " + dtype_name(x.dtype()) + ", this layer computes in " +
+                                dtype_name(want));
+  const Shape out = output_shape(x.shape());
+  if (!output_is_view()) ensure(y_, out, x.dtype(), x.device());
+  if (device_ == Device::kCpu) forward_cpu(x, y_);
+  else forward_gpu(x, y_);
+  x_ = training_ ? x : Tensor();
+  forward_done_ = training_;
+  return y_;
+}
+
+const Tensor& Layer::backward(const Tensor& dy) {
+  if (!forward_done_)
+    throw std::logic_error(type() + ": backward() without a forward() in training mode");
+  const Shape out = output_shape(x_.shape());
+  if (!dy.defined() || dy.shape() != out || dy.dtype() != y_.dtype() || dy.device() != device_)
+    throw std::invalid_argument(type() + ": gradient " + dy.describe() +
+                                " does not match the output " + y_.describe());
+  if (!needs_input_grad_) dx_ = Tensor();
+  else if (!output_is_view()) ensure(dx_, x_.shape(), x_.dtype(), x_.device());
+  else dx_ = x_;  // marks "wanted"; the view layer replaces it
+  if (device_ == Device::kCpu) backward_cpu(dy, dx_);
+  else backward_gpu(dy, dx_);
+  return dx_;
+}
+
+void Layer::forward_gpu(const Tensor&, Tensor&) {
+  throw std::logic_error(type() + " has no GPU path");
+}
+void Layer::backward_gpu(const Tensor&, Tensor&) {
+  throw std::logic_error(type() + " has no GPU path");
+}
+
+void Layer::to(Device device) {
+  for (Parameter* p : parameters()) {
+    if (p->value.device() != device) p->value = p->value.to(device);
+    if (p->grad.defined() && p->grad.device() != device) p->grad = p->grad.to(device);
+    if (p->half.defined() && p->half.device() != device) p->half = p->half.to(device);
+  }
+  device_ = device;
+  x_ = y_ = dx_ = Tensor();
+  forward_done_ = false;
+}
+
+void Layer::set_compute_dtype(DType dtype) {
+  if (dtype != DType::kF32 && dtype != DType::kF16)
+    throw std::invalid_argument("compute dtype must be f32 or f16");
+  compute_dtype_ = dtype;
+  for (Parameter* p : parameters()) {
+    if (dtype == DType::kF16) {
+      p->half = p->value.to(DType::kF16);
+      p->grad = Tensor::zeros(p->value.shape(), DType::kF16, p->value.device());
+    } else {
+      p->half = Tensor();
+      p->grad = Tensor::zeros(p->value.shape(), DType::kF32, p->value.device());
+    }
+  }
+  x_ = y_ = dx_ = Tensor();
+  forward_done_ = false;
+}
+
+void glorot_uniform(Tensor& w, std::int64_t fan_in, std::int64_t fan_out, Rng& rng) {
+  const float limit = std::sqrt(6.0f / static_cast<float>(fan_in + fan_out));
+  float* p = w.data<float>();
+  for (std::int64_t i = 0; i < w.numel(); ++i) p[i] = rng.uniform(-limit, limit);
+}
+
+}  // namespace mf
+
+#include "layers/conv_options.h"
+
+namespace mf {
+ConvOptions& conv_options() {
+  static ConvOptions options;
+  return options;
+}
+}  // namespace mf

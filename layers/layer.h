@@ -1,0 +1,99 @@
+// layer.h: the Layer interface. Each layer owns its CPU path (<layer>_cpu.cpp) and its GPU
+// path (<layer>_gpu.cu) side by side; the public forward()/backward() check shapes and
+// dtypes, then dispatch on the device of the input.
+//
+// Layout: activations are NHWC (batch, height, width, channels), as in Keras; the GPU's
+// FP16 Tensor Core convolutions want exactly this layout, so no conversions are needed
+// anywhere. Flatten therefore orders features (h, w, c), like Keras.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "tensor/tensor.h"
+
+namespace mf {
+
+class Rng;
+
+// A trainable tensor. The optimizer owns the update; layers only read `value` (or `half`)
+// and accumulate into `grad`.
+struct Parameter {
+  std::string name;  // "kernel" or "bias", as Keras names them
+  Tensor value;      // f32: the master copy
+  Tensor grad;       // same shape as value; dtype of the compute (f32, or f16 in --fp16 on the GPU)
+  Tensor half;       // f16 copy of value for FP16 compute; undefined in FP32
+};
+
+enum class Activation { kNone, kRelu };
+
+class Layer {
+ public:
+  virtual ~Layer() = default;
+
+  virtual std::string type() const = 0;  // "Conv2D", as Keras's summary shows it
+  const std::string& name() const { return name_; }
+  void set_name(std::string name) { name_ = std::move(name); }
+
+  // Output shape for an input of shape `in` (first dimension: batch). Throws
+  // std::invalid_argument naming the expected and the given shape when `in` does not fit.
+  virtual Shape output_shape(const Shape& in) const = 0;
+  virtual std::vector<Parameter*> parameters() { return {}; }
+  std::int64_t num_params();
+
+  // y = layer(x). The result lives in a buffer the layer owns and reuses: it stays valid
+  // until the next forward() of this layer (clone() it to keep it). In training mode the
+  // layer keeps a reference to x (not a copy) for backward().
+  const Tensor& forward(const Tensor& x);
+  // dx = d loss / dx for the dy = d loss / dy of the last forward(); ACCUMULATES parameter
+  // gradients into Parameter::grad (the optimizer zeroes them). Returns an undefined
+  // tensor when input gradients are switched off (the first layer needs none).
+  const Tensor& backward(const Tensor& dy);
+
+  void set_training(bool training) { training_ = training; }
+  bool training() const { return training_; }
+  void set_needs_input_grad(bool needs) { needs_input_grad_ = needs; }
+  bool needs_input_grad() const { return needs_input_grad_; }
+
+  // Moves parameters (values and gradients) to `device`; activations follow the input.
+  virtual void to(Device device);
+  Device device() const { return device_; }
+
+  // FP16 compute: makes f16 copies of the weights (parameters' `half`) and f16 gradient
+  // buffers on the GPU. The optimizer keeps the f32 masters and refreshes the copies.
+  virtual void set_compute_dtype(DType dtype);
+  DType compute_dtype() const { return compute_dtype_; }
+
+  // True for layers whose output is a view of their input (Flatten): forward() then
+  // allocates no output buffer for them.
+  virtual bool output_is_view() const { return false; }
+
+  // One line on how the GPU runs this layer (algorithm, workspace, math mode), for
+  // --verbose; empty when there is nothing to say.
+  virtual std::string gpu_config() const { return ""; }
+
+ protected:
+  // y is allocated by forward() with output_shape(x) and x's dtype and device. Overwrite it.
+  virtual void forward_cpu(const Tensor& x, Tensor& y) = 0;
+  virtual void forward_gpu(const Tensor& x, Tensor& y);
+  // dx (undefined when !needs_input_grad()) has the input's shape. Overwrite it.
+  virtual void backward_cpu(const Tensor& dy, Tensor& dx) = 0;
+  virtual void backward_gpu(const Tensor& dy, Tensor& dx);
+
+  // Checks `in` has rank `rank` and, where `expected[i] >= 0`, those dimensions.
+  void check_input(const Shape& in, const std::vector<std::int64_t>& expected) const;
+
+  Tensor x_;          // the input of the last forward (shared with the previous layer)
+  Tensor y_, dx_;     // reused output and input-gradient buffers
+  bool training_ = true;
+  bool needs_input_grad_ = true;
+  bool forward_done_ = false;
+  Device device_ = Device::kCpu;
+  DType compute_dtype_ = DType::kF32;
+  std::string name_;
+};
+
+// Keras's glorot_uniform: U(-l, l) with l = sqrt(6 / (fan_in + fan_out)).
+void glorot_uniform(Tensor& w, std::int64_t fan_in, std::int64_t fan_out, Rng& rng);
+
+}  // namespace mf

@@ -1,0 +1,28 @@
+// maxpool2d.h: 2x2 max pooling with stride 2, NHWC, "valid" (an odd last row/column is dropped).
+#pragma once
+#include "layers/layer.h"
+
+namespace mf {
+
+class MaxPool2D final : public Layer {
+ public:
+  MaxPool2D() = default;
+  std::string type() const override { return "MaxPooling2D"; }
+  // x: (N, H, W, C) -> y: (N, H/2, W/2, C)
+  Shape output_shape(const Shape& in) const override;
+
+ protected:
+  // Forward records which of the four inputs won (first one on ties) so that backward
+  // routes the gradient there and nowhere else.
+  void forward_cpu(const Tensor& x, Tensor& y) override;
+  void backward_cpu(const Tensor& dy, Tensor& dx) override;
+#if MF_WITH_CUDA
+  void forward_gpu(const Tensor& x, Tensor& y) override;
+  void backward_gpu(const Tensor& dy, Tensor& dx) override;
+#endif
+
+ private:
+  Tensor argmax_;  // u8 (N, H/2, W/2, C): 0..3 = (dy, dx) position of the winner in its window
+};
+
+}  // namespace mf

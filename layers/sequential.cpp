@@ -1,0 +1,326 @@
+// sequential.cpp: the model container, Keras-like summary, and the CPU training loop.
+#include "layers/sequential.h"
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <limits>
+#include <sstream>
+#include <stdexcept>
+
+#include "data/batching.h"
+#include "kernels/errors.h"
+#include "layers/conv2d.h"
+#include "layers/dense.h"
+#include "layers/flatten.h"
+#include "layers/maxpool2d.h"
+#include "layers/softmax_xent.h"
+#include "tensor/rng.h"
+
+#if !MF_WITH_CUDA
+namespace mf {
+class GpuTrainer {};
+History Sequential::fit_gpu(const data::Dataset&, const data::Dataset*, const FitOptions&, const FitCallbacks&) {
+  throw NoGpuError("training on the GPU: microflow was built without CUDA (CPU-only build)");
+}
+EvalResult Sequential::evaluate_gpu(const data::Dataset&, std::int64_t) {
+  throw NoGpuError("evaluating on the GPU: microflow was built without CUDA (CPU-only build)");
+}
+}  // namespace mf
+#endif
+
+namespace mf {
+
+const char* pipeline_name(Pipeline p) {
+  switch (p) {
+    case Pipeline::kAuto: return "auto";
+    case Pipeline::kResident: return "resident";
+    case Pipeline::kPrefetch: return "prefetch";
+    case Pipeline::kNaive: return "naive";
+  }
+  return "?";
+}
+
+Sequential::Sequential() = default;
+Sequential::~Sequential() = default;
+Sequential::Sequential(Sequential&&) noexcept = default;
+Sequential& Sequential::operator=(Sequential&&) noexcept = default;
+
+Sequential Sequential::mnist_cnn(Rng& rng, std::int64_t height, std::int64_t width, std::int64_t channels,
+                                 std::int64_t classes) {
+  Sequential m;
+  m.set_input_shape(Shape{height, width, channels});
+  m.add(std::make_unique<Conv2D>(channels, 32, 3, Activation::kRelu, rng)).set_name("conv2d");
+  m.add(std::make_unique<MaxPool2D>()).set_name("max_pooling2d");
+  m.add(std::make_unique<Conv2D>(32, 64, 3, Activation::kRelu, rng)).set_name("conv2d_1");
+  m.add(std::make_unique<MaxPool2D>()).set_name("max_pooling2d_1");
+  m.add(std::make_unique<Flatten>()).set_name("flatten");
+  const Shape flat = m.layers_[4]->output_shape(m.layers_[3]->output_shape(
+      m.layers_[2]->output_shape(m.layers_[1]->output_shape(m.layers_[0]->output_shape(Shape{1, height, width, channels})))));
+  m.add(std::make_unique<Dense>(flat[1], 64, Activation::kRelu, rng)).set_name("dense");
+  m.add(std::make_unique<Dense>(64, classes, Activation::kNone, rng)).set_name("dense_1");
+  return m;
+}
+
+Layer& Sequential::add(std::unique_ptr<Layer> layer) {
+  if (optimizer_) throw std::logic_error("Sequential::add after compile()");
+  layer->to(device_);
+  if (compute_dtype_ != DType::kF32) layer->set_compute_dtype(compute_dtype_);
+  layer->set_needs_input_grad(!layers_.empty());  // nothing upstream of the first layer
+  layers_.push_back(std::move(layer));
+  return *layers_.back();
+}
+
+std::vector<Parameter*> Sequential::parameters() {
+  std::vector<Parameter*> ps;
+  for (auto& l : layers_)
+    for (Parameter* p : l->parameters()) ps.push_back(p);
+  return ps;
+}
+
+std::int64_t Sequential::num_params() {
+  std::int64_t n = 0;
+  for (auto& l : layers_) n += l->num_params();
+  return n;
+}
+
+void Sequential::set_input_shape(const Shape& sample) { input_shape_ = sample; }
+
+std::string Sequential::architecture() const {
+  std::ostringstream os;
+  os << "input" << input_shape_.str();
+  Shape s = Shape(std::vector<std::int64_t>{1});
+  std::vector<std::int64_t> dims{1};
+  for (auto d : input_shape_.dims()) dims.push_back(d);
+  s = Shape(dims);
+  for (const auto& l : layers_) {
+    s = l->output_shape(s);
+    os << "|" << l->type() << "->" << s.str();
+  }
+  return os.str();
+}
+
+std::string Sequential::summary() const {
+  std::ostringstream os;
+  char line[160];
+  os << "Model: \"sequential\"\n";
+  const std::string rule(65, '_'), thick(65, '=');
+  os << rule << "\n";
+  std::snprintf(line, sizeof line, " %-28s %-25s %-10s\n", "Layer (type)", "Output Shape", "Param #");
+  os << line << thick << "\n";
+  std::vector<std::int64_t> dims{-1};
+  for (auto d : input_shape_.dims()) dims.push_back(d);
+  Shape s(std::vector<std::int64_t>(dims.size(), 1));
+  for (std::size_t i = 1; i < dims.size(); ++i) s[static_cast<int>(i)] = dims[i];
+  std::int64_t total = 0;
+  for (std::size_t i = 0; i < layers_.size(); ++i) {
+    Layer& l = *layers_[i];
+    s = l.output_shape(s);
+    std::string shape = "(None";
+    for (int d = 1; d < s.rank(); ++d) shape += ", " + std::to_string(s[d]);
+    shape += ")";
+    const std::int64_t params = l.num_params();
+    total += params;
+    const std::string name = l.name() + " (" + l.type() + ")";
+    std::snprintf(line, sizeof line, " %-28s %-25s %-10lld\n", name.c_str(), shape.c_str(),
+                  static_cast<long long>(params));
+    os << line << (i + 1 < layers_.size() ? "\n" : "");
+  }
+  os << thick << "\n";
+  auto with_commas = [](std::int64_t v) {
+    std::string d = std::to_string(v), out;
+    for (std::size_t i = 0; i < d.size(); ++i) {
+      if (i && (d.size() - i) % 3 == 0) out += ',';
+      out += d[i];
+    }
+    return out;
+  };
+  os << "Total params: " << with_commas(total) << "\n";
+  os << "Trainable params: " << with_commas(total) << "\n";
+  os << "Non-trainable params: 0\n" << rule << "\n";
+  return os.str();
+}
+
+void Sequential::to(Device device) {
+  if (optimizer_) throw std::logic_error("Sequential::to after compile(): move the model first");
+  for (auto& l : layers_) l->to(device);
+  device_ = device;
+  gpu_.reset();
+}
+
+void Sequential::set_compute_dtype(DType dtype) {
+  if (optimizer_) throw std::logic_error("Sequential::set_compute_dtype after compile()");
+  if (dtype == DType::kF16 && device_ != Device::kGpu)
+    throw std::invalid_argument("FP16 (mixed precision) runs on the GPU only: the CPU path computes in FP32");
+  for (auto& l : layers_) l->set_compute_dtype(dtype);
+  compute_dtype_ = dtype;
+  gpu_.reset();
+}
+
+void Sequential::set_training(bool training) {
+  for (auto& l : layers_) l->set_training(training);
+}
+
+void Sequential::compile(std::unique_ptr<Optimizer> optimizer) {
+  optimizer_ = std::move(optimizer);
+  optimizer_->attach(parameters());
+}
+
+const Tensor& Sequential::forward(const Tensor& x) {
+  if (layers_.empty()) throw std::logic_error("Sequential::forward of an empty model");
+  const Tensor* h = &x;
+  for (auto& l : layers_) h = &l->forward(*h);
+  return *h;
+}
+
+void Sequential::backward(const Tensor& dlogits) {
+  const Tensor* g = &dlogits;
+  for (auto it = layers_.rbegin(); it != layers_.rend(); ++it) g = &(*it)->backward(*g);
+}
+
+History Sequential::fit(const data::Dataset& train, const data::Dataset* validation, const FitOptions& options,
+                        const FitCallbacks& callbacks) {
+  if (!optimizer_) throw std::logic_error("Sequential::fit before compile()");
+  if (options.batch_size < 1) throw std::invalid_argument("batch size must be at least 1");
+  if (options.epochs < 0 || options.initial_epoch < 0) throw std::invalid_argument("epochs must be >= 0");
+  if (train.count < 1) throw std::invalid_argument("fit: the training set is empty");
+  if (Shape{train.rows, train.cols, 1} != input_shape_)
+    throw std::invalid_argument("fit: images are " + std::to_string(train.rows) + "x" + std::to_string(train.cols) +
+                                ", the model takes " + input_shape_.str());
+  return device_ == Device::kGpu ? fit_gpu(train, validation, options, callbacks)
+                                 : fit_cpu(train, validation, options, callbacks);
+}
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+}  // namespace
+
+History Sequential::fit_cpu(const data::Dataset& train, const data::Dataset* validation, const FitOptions& options,
+                            const FitCallbacks& callbacks) {
+  History history;
+  history.completed_epochs = options.initial_epoch;
+  const std::int64_t bs = options.batch_size;
+  const std::int64_t steps = data::num_batches(train.count, bs);
+  const Shape batch_shape = Shape{bs, train.rows, train.cols, 1};
+  Tensor x = Tensor::empty(batch_shape);
+  Tensor y = Tensor::empty(Shape{bs}, DType::kI32);
+  Tensor stats = Tensor::zeros(Shape{kNumStats});
+  Tensor dlogits;
+  for (int epoch = options.initial_epoch; epoch < options.epochs; ++epoch) {
+    set_training(true);
+    const std::vector<std::int32_t> perm = data::epoch_permutation(train.count, options.seed, epoch);
+    stats.fill_zero();
+    const auto t0 = Clock::now();
+    double last_progress = -1.0;
+    std::int64_t step = 0;
+    for (; step < steps; ++step) {
+      const std::int64_t b0 = step * bs, nb = std::min(bs, train.count - b0);
+      Tensor xb = x.slice(0, nb), yb = y.slice(0, nb);
+      data::gather_batch(train, perm.data() + b0, nb, xb.data<float>(), yb.data<std::int32_t>());
+      const Tensor& logits = forward(xb);
+      const float before = stats.data<float>()[kStatLossSum];
+      softmax_xent(logits, yb, stats, &dlogits);
+      if (!std::isfinite(stats.data<float>()[kStatLossSum] - before))
+        throw NonFiniteLossError("the training loss became " +
+                                 std::string(std::isnan(stats.data<float>()[kStatLossSum]) ? "NaN" : "infinite") +
+                                 " at epoch " + std::to_string(epoch + 1) + ", step " + std::to_string(step + 1) +
+                                 ": lower the learning rate (--lr)");
+      backward(dlogits);
+      optimizer_->step();
+      const double el = seconds_since(t0);
+      if (callbacks.on_progress && (el - last_progress >= options.progress_interval_s || step + 1 == steps)) {
+        last_progress = el;
+        const float* s = stats.data<float>();
+        callbacks.on_progress({epoch, step + 1, steps, s[kStatLossSum] / s[kStatCount], s[kStatCorrect] / s[kStatCount], el});
+      }
+      if (callbacks.should_stop && callbacks.should_stop()) {
+        history.interrupted = true;
+        ++step;
+        break;
+      }
+    }
+    EpochLog log;
+    log.epoch = epoch;
+    log.train_seconds = seconds_since(t0);
+    log.steps = step;
+    const float* s = stats.data<float>();
+    log.samples = static_cast<std::int64_t>(s[kStatCount]);
+    log.loss = s[kStatLossSum] / s[kStatCount];
+    log.accuracy = s[kStatCorrect] / s[kStatCount];
+    log.val_loss = log.val_accuracy = std::numeric_limits<double>::quiet_NaN();
+    log.loss_scale = 1.0;
+    if (history.interrupted) {
+      history.epochs.push_back(log);
+      break;
+    }
+    if (validation && validation->count > 0) {
+      const EvalResult v = evaluate(*validation);
+      log.val_loss = v.loss;
+      log.val_accuracy = v.accuracy;
+    }
+    history.epochs.push_back(log);
+    history.completed_epochs = epoch + 1;
+    if (callbacks.on_epoch_end) callbacks.on_epoch_end(log);
+  }
+  set_training(true);
+  return history;
+}
+
+EvalResult Sequential::evaluate(const data::Dataset& d, std::int64_t batch_size) {
+  if (batch_size < 1) throw std::invalid_argument("evaluate: batch size must be at least 1");
+  if (Shape{d.rows, d.cols, 1} != input_shape_)
+    throw std::invalid_argument("evaluate: images are " + std::to_string(d.rows) + "x" + std::to_string(d.cols) +
+                                ", the model takes " + input_shape_.str());
+  if (device_ == Device::kGpu) return evaluate_gpu(d, batch_size);
+  set_training(false);
+  const std::int64_t bs = std::min(batch_size, std::max<std::int64_t>(1, d.count));
+  Tensor x = Tensor::empty(Shape{bs, d.rows, d.cols, 1});
+  Tensor y = Tensor::empty(Shape{bs}, DType::kI32);
+  Tensor stats = Tensor::zeros(Shape{kNumStats});
+  std::vector<std::int32_t> idx(static_cast<std::size_t>(bs));
+  for (std::int64_t b0 = 0; b0 < d.count; b0 += bs) {
+    const std::int64_t nb = std::min(bs, d.count - b0);
+    for (std::int64_t i = 0; i < nb; ++i) idx[i] = static_cast<std::int32_t>(b0 + i);
+    Tensor xb = x.slice(0, nb), yb = y.slice(0, nb);
+    data::gather_batch(d, idx.data(), nb, xb.data<float>(), yb.data<std::int32_t>());
+    softmax_xent(forward(xb), yb, stats, nullptr);
+  }
+  set_training(true);
+  EvalResult r;
+  const float* s = stats.data<float>();
+  r.count = static_cast<std::int64_t>(s[kStatCount]);
+  if (r.count > 0) {
+    r.loss = s[kStatLossSum] / s[kStatCount];
+    r.accuracy = s[kStatCorrect] / s[kStatCount];
+  }
+  return r;
+}
+
+Tensor Sequential::predict(const Tensor& x, std::int64_t batch_size) {
+  if (x.rank() != 4 || Shape{x.dim(1), x.dim(2), x.dim(3)} != input_shape_)
+    throw std::invalid_argument("predict: expected images of shape (N, " + std::to_string(input_shape_[0]) + ", " +
+                                std::to_string(input_shape_[1]) + ", " + std::to_string(input_shape_[2]) + "), got " +
+                                x.shape().str());
+  const Tensor xh = x.is_cpu() ? x : x.to(Device::kCpu);
+  set_training(false);
+  std::vector<float> out;
+  std::int64_t classes = 0;
+  for (std::int64_t b0 = 0; b0 < xh.dim(0); b0 += batch_size) {
+    Tensor xb = xh.slice(b0, std::min(xh.dim(0), b0 + batch_size));
+    if (device_ == Device::kGpu) {
+      xb = xb.to(Device::kGpu);
+      if (compute_dtype_ == DType::kF16) xb = xb.to(DType::kF16);
+    }
+    const Tensor p = softmax(forward(xb));
+    classes = p.dim(1);
+    const std::vector<float> v = p.to_vector();
+    out.insert(out.end(), v.begin(), v.end());
+  }
+  set_training(true);
+  return Tensor::from_vector(Shape{xh.dim(0), classes}, out);
+}
+
+}  // namespace mf

@@ -1,0 +1,143 @@
+// sequential.h: a stack of layers trained with softmax cross-entropy, Keras-style:
+// summary(), compile(optimizer), fit(), evaluate(), predict().
+#pragma once
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "data/mnist.h"
+#include "layers/layer.h"
+#include "layers/optimizer.h"
+
+namespace mf {
+
+class GpuTrainer;  // the GPU training loop (sequential_gpu.cu)
+
+// How batches reach the GPU (--pipeline). The article's tf.data lesson, three ways.
+enum class Pipeline {
+  kAuto,      // resident on the GPU, host (no copies) on the CPU
+  kResident,  // whole u8 dataset on the device; a device-side permutation picks batches
+  kPrefetch,  // pinned host buffers, copies on their own stream, double buffered
+  kNaive,     // a pageable copy each step, waited for (the article's slow example)
+};
+const char* pipeline_name(Pipeline p);
+
+struct FitOptions {
+  int epochs = 5;
+  std::int64_t batch_size = 64;
+  std::uint64_t seed = 0;          // the shuffle of every epoch derives from it
+  int initial_epoch = 0;           // resuming: epochs [initial_epoch, epochs) are run
+  Pipeline pipeline = Pipeline::kAuto;
+  bool use_graph = true;           // GPU: replay the step as a CUDA graph (--no-graph: eager)
+  double progress_interval_s = 0.1;  // how often on_progress may be called
+};
+
+struct EpochLog {
+  int epoch = 0;  // 0-based
+  double loss = 0, accuracy = 0;          // training, averaged over the epoch's samples
+  double val_loss = 0, val_accuracy = 0;  // NaN when there is no validation set
+  double train_seconds = 0;               // the training loop only (no validation)
+  std::int64_t steps = 0;
+  std::int64_t samples = 0;               // images trained on
+  double loss_scale = 0;                  // FP16: the dynamic loss scale at the end of the epoch
+  std::int64_t skipped_steps = 0;         // FP16: steps skipped for inf/NaN gradients
+};
+
+struct Progress {
+  int epoch = 0;
+  std::int64_t step = 0, steps = 0;  // step: batches done in this epoch
+  double loss = 0, accuracy = 0;     // running means over the batches done
+  double elapsed_s = 0;
+};
+
+struct FitCallbacks {
+  std::function<void(const Progress&)> on_progress;      // at most every progress_interval_s
+  std::function<void(const EpochLog&)> on_epoch_end;
+  std::function<bool()> should_stop;                      // checked after each step (Ctrl-C)
+};
+
+struct History {
+  std::vector<EpochLog> epochs;
+  bool interrupted = false;  // should_stop() asked to stop; the last epoch may be partial
+  int completed_epochs = 0;  // epochs fully trained (including initial_epoch)
+};
+
+struct EvalResult {
+  double loss = 0, accuracy = 0;
+  std::int64_t count = 0;
+};
+
+// A non-finite training loss (NaN or inf in FP32): training stops with this error.
+class NonFiniteLossError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+class Sequential {
+ public:
+  Sequential();
+  ~Sequential();
+  Sequential(Sequential&&) noexcept;
+  Sequential& operator=(Sequential&&) noexcept;
+
+  // Builds the article's model (section 3.3) for (H, W, C) inputs and `classes` outputs.
+  static Sequential mnist_cnn(Rng& rng, std::int64_t height = 28, std::int64_t width = 28,
+                              std::int64_t channels = 1, std::int64_t classes = 10);
+
+  Layer& add(std::unique_ptr<Layer> layer);
+  const std::vector<std::unique_ptr<Layer>>& layers() const { return layers_; }
+  std::vector<Parameter*> parameters();
+  std::int64_t num_params();
+
+  // The sample shape (without batch) the model takes, e.g. (28, 28, 1).
+  void set_input_shape(const Shape& sample);
+  const Shape& input_shape() const { return input_shape_; }
+  // A short string naming the layers and their sizes; checkpoints compare it.
+  std::string architecture() const;
+
+  // Keras's model.summary(): layer, output shape, parameter count, totals.
+  std::string summary() const;
+
+  // Device and precision. FP16 exists on the GPU only (mixed precision: f16 activations
+  // and weight copies, f32 masters in the optimizer).
+  void to(Device device);
+  Device device() const { return device_; }
+  void set_compute_dtype(DType dtype);
+  DType compute_dtype() const { return compute_dtype_; }
+  void set_training(bool training);
+
+  // Attaches the optimizer (it packs the parameters into flat buffers on the model's
+  // device). Call after to() and set_compute_dtype().
+  void compile(std::unique_ptr<Optimizer> optimizer);
+  Optimizer* optimizer() { return optimizer_.get(); }
+
+  // Logits for a batch x (N, H, W, C) on the model's device; the buffer is the last
+  // layer's (valid until the next forward).
+  const Tensor& forward(const Tensor& x);
+  // Back-propagates d loss / d logits through every layer, accumulating gradients.
+  void backward(const Tensor& dlogits);
+
+  History fit(const data::Dataset& train, const data::Dataset* validation, const FitOptions& options,
+              const FitCallbacks& callbacks = {});
+  EvalResult evaluate(const data::Dataset& d, std::int64_t batch_size = 1000);
+  // Class probabilities (N, classes), f32 on the host, for images given as f32 pixels in
+  // [0, 1], (N, H, W, C) on the host.
+  Tensor predict(const Tensor& x, std::int64_t batch_size = 1000);
+
+ private:
+  History fit_cpu(const data::Dataset& train, const data::Dataset* validation, const FitOptions& options,
+                  const FitCallbacks& callbacks);
+  History fit_gpu(const data::Dataset& train, const data::Dataset* validation, const FitOptions& options,
+                  const FitCallbacks& callbacks);
+  EvalResult evaluate_gpu(const data::Dataset& d, std::int64_t batch_size);
+
+  std::vector<std::unique_ptr<Layer>> layers_;
+  Shape input_shape_;
+  Device device_ = Device::kCpu;
+  DType compute_dtype_ = DType::kF32;
+  std::unique_ptr<Optimizer> optimizer_;
+  std::unique_ptr<GpuTrainer> gpu_;
+};
+
+}  // namespace mf

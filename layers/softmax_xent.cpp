@@ -1,0 +1,88 @@
+// softmax_xent.cpp: the fused loss on the CPU, and dispatch to the GPU kernel.
+#include "layers/softmax_xent.h"
+
+#include <cmath>
+#include <stdexcept>
+#include <string>
+
+#include "kernels/launchers.h"
+
+namespace mf {
+
+namespace {
+void check_args(const Tensor& logits, const Tensor& labels, const Tensor& stats) {
+  if (logits.rank() != 2 || labels.rank() != 1 || labels.dim(0) != logits.dim(0))
+    throw std::invalid_argument("softmax_xent: logits " + logits.describe() + " and labels " + labels.describe() +
+                                " do not match");
+  if (labels.dtype() != DType::kI32) throw std::invalid_argument("softmax_xent: labels must be i32");
+  if (stats.dtype() != DType::kF32 || stats.numel() != kNumStats || stats.device() != logits.device() ||
+      labels.device() != logits.device())
+    throw std::invalid_argument("softmax_xent: stats/labels must be on the logits' device; stats (3) f32");
+}
+}  // namespace
+
+void softmax_xent(const Tensor& logits, const Tensor& labels, Tensor& stats, Tensor* dlogits, float grad_scale,
+                  const float* scale) {
+  check_args(logits, labels, stats);
+  const std::int64_t n = logits.dim(0), k = logits.dim(1);
+  if (dlogits) ensure(*dlogits, logits.shape(), logits.dtype(), logits.device());
+  if (logits.is_gpu()) {
+    launch_softmax_xent(logits.raw(), logits.dtype() == DType::kF16, labels.data<std::int32_t>(), n, k,
+                        dlogits ? dlogits->raw() : nullptr, grad_scale / static_cast<float>(n), scale,
+                        stats.data<float>(), nullptr);
+    return;
+  }
+  if (logits.dtype() != DType::kF32) throw std::invalid_argument("softmax_xent on the CPU takes f32 logits");
+  const float* z = logits.data<float>();
+  const std::int32_t* y = labels.data<std::int32_t>();
+  float* dz = dlogits ? dlogits->data<float>() : nullptr;
+  const float g = grad_scale / static_cast<float>(n);
+  double loss = 0.0;
+  std::int64_t correct = 0;
+  for (std::int64_t i = 0; i < n; ++i) {
+    const float* row = z + i * k;
+    const std::int32_t label = y[i];
+    if (label < 0 || label >= k)
+      throw std::invalid_argument("softmax_xent: label " + std::to_string(label) + " out of range [0, " +
+                                  std::to_string(k) + ")");
+    std::int64_t arg = 0;
+    for (std::int64_t j = 1; j < k; ++j)
+      if (row[j] > row[arg]) arg = j;
+    // log-sum-exp around the max keeps exp() from overflowing
+    const float m = row[arg];
+    double sum = 0.0;
+    for (std::int64_t j = 0; j < k; ++j) sum += std::exp(static_cast<double>(row[j] - m));
+    const double log_sum = std::log(sum);
+    loss += log_sum - static_cast<double>(row[label] - m);
+    correct += arg == label;
+    if (dz) {
+      for (std::int64_t j = 0; j < k; ++j) {
+        const double p = std::exp(static_cast<double>(row[j] - m) - log_sum);
+        dz[i * k + j] = static_cast<float>(p - (j == label ? 1.0 : 0.0)) * g;
+      }
+    }
+  }
+  float* s = stats.data<float>();
+  s[kStatLossSum] += static_cast<float>(loss);
+  s[kStatCorrect] += static_cast<float>(correct);
+  s[kStatCount] += static_cast<float>(n);
+}
+
+Tensor softmax(const Tensor& logits) {
+  const Tensor z = logits.is_cpu() && logits.dtype() == DType::kF32 ? logits : logits.to(Device::kCpu).to(DType::kF32);
+  const std::int64_t n = z.dim(0), k = z.dim(1);
+  Tensor p = Tensor::empty(z.shape());
+  const float* zp = z.data<float>();
+  float* pp = p.data<float>();
+  for (std::int64_t i = 0; i < n; ++i) {
+    float m = zp[i * k];
+    for (std::int64_t j = 1; j < k; ++j) m = std::max(m, zp[i * k + j]);
+    double sum = 0.0;
+    for (std::int64_t j = 0; j < k; ++j) sum += std::exp(static_cast<double>(zp[i * k + j] - m));
+    for (std::int64_t j = 0; j < k; ++j)
+      pp[i * k + j] = static_cast<float>(std::exp(static_cast<double>(zp[i * k + j] - m)) / sum);
+  }
+  return p;
+}
+
+}  // namespace mf

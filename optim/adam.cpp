@@ -1,0 +1,119 @@
+// adam.cpp: the Adam update; the CPU loop here, the GPU as one kernel launch (launchers.h).
+#include "optim/adam.h"
+
+#include <cmath>
+#include <cstring>
+#include <sstream>
+#include <stdexcept>
+
+#include "kernels/launchers.h"
+
+namespace mf {
+
+Adam::Adam(const AdamConfig& config, const LossScalerConfig& scaler) : config_(config), scaler_config_(scaler) {
+  if (!(config.lr > 0) || !(config.beta1 >= 0 && config.beta1 < 1) || !(config.beta2 >= 0 && config.beta2 < 1) ||
+      !(config.eps > 0))
+    throw std::invalid_argument("Adam: need lr > 0, 0 <= beta1, beta2 < 1, eps > 0");
+}
+
+std::string Adam::describe() const {
+  std::ostringstream os;
+  os << "Adam(lr=" << config_.lr << ", beta1=" << config_.beta1 << ", beta2=" << config_.beta2
+     << ", eps=" << config_.eps << ")";
+  return os.str();
+}
+
+void Adam::attach(const std::vector<Parameter*>& params) {
+  pack_ = std::make_unique<ParamPack>(params);
+  const Device dev = pack_->device();
+  m_ = Tensor::zeros(Shape{pack_->total()}, DType::kF32, dev);
+  v_ = Tensor::zeros(Shape{pack_->total()}, DType::kF32, dev);
+  step_ = Tensor::zeros(Shape{1}, DType::kI32, dev);
+  if (pack_->mixed()) {
+    static_assert(sizeof(LossScaleState) == 4 * sizeof(std::int32_t), "LossScaleState is four 32-bit fields");
+    LossScaleState init{scaler_config_.initial_scale, 0, 0, 0};
+    Tensor host = Tensor::empty(Shape{4}, DType::kI32);
+    std::memcpy(host.raw(), &init, sizeof init);
+    scaler_ = host.to(dev);
+  }
+}
+
+void Adam::step() {
+  if (!pack_) throw std::logic_error("Adam::step before attach()");
+  if (pack_->device() == Device::kCpu) return step_cpu();
+  const GpuStream s = compute_stream();
+  const std::int64_t n = pack_->total();
+  std::int32_t* t = step_.data<std::int32_t>();
+  if (pack_->mixed()) {
+    auto* st = static_cast<LossScaleState*>(scaler_.raw());
+    launch_unscale_check(pack_->grads().data<Half>(), n, st, s);
+    launch_adam_step_mixed(pack_->values().data<float>(), pack_->halves().data<Half>(), pack_->grads().data<Half>(),
+                           m_.data<float>(), v_.data<float>(), n, config_.lr, config_.beta1, config_.beta2,
+                           config_.eps, t, st, s);
+    launch_finish_step_mixed(t, st, scaler_config_.growth_interval, scaler_config_.min_scale,
+                             scaler_config_.max_scale, s);
+  } else {
+    launch_adam_step(pack_->values().data<float>(), pack_->grads().data<float>(), m_.data<float>(), v_.data<float>(),
+                     n, config_.lr, config_.beta1, config_.beta2, config_.eps, t, s);
+    launch_finish_step(t, s);
+  }
+}
+
+void Adam::step_cpu() {
+  std::int32_t& t_count = step_.data<std::int32_t>()[0];
+  const int t = t_count + 1;
+  const float b1 = config_.beta1, b2 = config_.beta2, eps = config_.eps;
+  const double lr_t = config_.lr * std::sqrt(1.0 - std::pow(static_cast<double>(b2), t)) /
+                      (1.0 - std::pow(static_cast<double>(b1), t));
+  const float lr = static_cast<float>(lr_t);
+  float* w = pack_->values().data<float>();
+  float* g = pack_->grads().data<float>();
+  float* m = m_.data<float>();
+  float* v = v_.data<float>();
+  const std::int64_t n = pack_->total();
+#pragma omp simd
+  for (std::int64_t i = 0; i < n; ++i) {
+    const float gi = g[i];
+    m[i] = b1 * m[i] + (1.0f - b1) * gi;
+    v[i] = b2 * v[i] + (1.0f - b2) * gi * gi;
+    w[i] -= lr * m[i] / (std::sqrt(v[i]) + eps);
+    g[i] = 0.0f;
+  }
+  t_count = t;
+}
+
+std::int64_t Adam::iterations() const {
+  if (!step_.defined()) return 0;
+  return static_cast<std::int64_t>(step_.to_vector()[0]);
+}
+
+const float* Adam::device_loss_scale() const {
+  return scaler_.defined() ? &static_cast<const LossScaleState*>(scaler_.raw())->scale : nullptr;
+}
+
+namespace {
+LossScaleState read_state(const Tensor& t) {
+  LossScaleState st{};
+  const Tensor h = t.is_cpu() ? t : t.to(Device::kCpu);
+  std::memcpy(&st, h.raw(), sizeof st);
+  return st;
+}
+}  // namespace
+
+double Adam::loss_scale() const { return scaler_.defined() ? read_state(scaler_).scale : 1.0; }
+
+std::int64_t Adam::take_skipped_steps() {
+  if (!scaler_.defined()) return 0;
+  const std::int64_t total = read_state(scaler_).skipped;
+  const std::int64_t d = total - skipped_seen_;
+  skipped_seen_ = total;
+  return d;
+}
+
+std::vector<std::pair<std::string, Tensor>> Adam::state() {
+  std::vector<std::pair<std::string, Tensor>> s{{"adam.m", m_}, {"adam.v", v_}, {"adam.step", step_}};
+  if (scaler_.defined()) s.emplace_back("adam.loss_scaler", scaler_);
+  return s;
+}
+
+}  // namespace mf

@@ -1,0 +1,52 @@
+// parallel.h: the CPU path's thread pool. parallel_for splits [0, n) into one contiguous
+// chunk per thread; the calling thread takes chunk 0. Workers spin briefly before they
+// sleep, because a training step hands them ~20 small jobs of tens of microseconds each,
+// and waking a sleeping thread costs about as much as the job.
+#pragma once
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace mf {
+
+class ThreadPool {
+ public:
+  explicit ThreadPool(int num_threads);
+  ~ThreadPool();
+  ThreadPool(const ThreadPool&) = delete;
+  ThreadPool& operator=(const ThreadPool&) = delete;
+
+  int num_threads() const { return num_threads_; }
+
+  // Calls fn(begin, end, thread) for num_threads() contiguous chunks of [0, n) (fewer when
+  // n is small), in parallel, and returns when all are done. fn must not throw.
+  void parallel_for(std::int64_t n, const std::function<void(std::int64_t, std::int64_t, int)>& fn);
+
+  // Runs fn(thread) once on each of the num_threads() threads.
+  void run_on_all(const std::function<void(int)>& fn);
+
+ private:
+  void worker(int index);
+  void dispatch(int tasks, const std::function<void(int)>& task);
+
+  int num_threads_;
+  std::vector<std::thread> workers_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::atomic<std::uint64_t> generation_{0};
+  std::atomic<int> pending_{0};
+  std::atomic<bool> stop_{false};
+  const std::function<void(int)>* task_ = nullptr;
+  int tasks_ = 0;
+};
+
+// The process's CPU pool, sized by set_num_threads (default: hardware threads).
+ThreadPool& cpu_pool();
+void set_num_threads(int n);  // re-creates the pool; call before training starts
+int num_threads();
+
+}  // namespace mf

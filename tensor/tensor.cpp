@@ -1,0 +1,202 @@
+// tensor.cpp: storage allocation, copies, conversions and views.
+#include "tensor/tensor.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <sstream>
+
+#include "kernels/device_allocator.h"
+#include "kernels/errors.h"
+#include "kernels/launchers.h"
+
+namespace mf {
+
+namespace {
+constexpr std::size_t kHostAlign = 64;  // one cache line; one AVX-512 register
+}
+
+Storage::Storage(std::size_t bytes, Device device) : bytes_(bytes), device_(device) {
+  if (device == Device::kCpu) {
+    const std::size_t padded = (bytes + kHostAlign - 1) / kHostAlign * kHostAlign;
+    data_ = std::aligned_alloc(kHostAlign, padded == 0 ? kHostAlign : padded);
+    if (!data_) throw std::bad_alloc();
+  } else {
+    data_ = DeviceAllocator::instance().allocate(bytes);
+  }
+}
+
+Storage::~Storage() {
+  if (device_ == Device::kCpu) std::free(data_);
+  else DeviceAllocator::instance().deallocate(data_);
+}
+
+Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
+  Tensor t;
+  t.shape_ = shape;
+  t.dtype_ = dtype;
+  t.device_ = device;
+  try {
+    t.storage_ = std::make_shared<Storage>(t.nbytes(), device);
+  } catch (const OutOfMemoryError& e) {
+    throw OutOfMemoryError("out of GPU memory allocating " + t.describe() + " (" +
+                               format_bytes(t.nbytes()) + "): " + e.what() +
+                               ". Try a smaller --batch-size or --fp16.",
+                           e.requested(), e.in_use(), e.limit());
+  }
+  return t;
+}
+
+Tensor Tensor::zeros(const Shape& shape, DType dtype, Device device) {
+  Tensor t = empty(shape, dtype, device);
+  t.fill_zero();
+  return t;
+}
+
+Tensor Tensor::from_vector(const Shape& shape, const std::vector<float>& values) {
+  if (static_cast<std::int64_t>(values.size()) != shape.numel())
+    throw std::invalid_argument("from_vector: " + std::to_string(values.size()) +
+                                " values for shape " + shape.str());
+  Tensor t = empty(shape, DType::kF32, Device::kCpu);
+  if (!values.empty()) std::memcpy(t.raw(), values.data(), values.size() * sizeof(float));
+  return t;
+}
+
+void Tensor::check_type(DType want) const {
+  if (want != dtype_)
+    throw std::invalid_argument(std::string("tensor holds ") + dtype_name(dtype_) +
+                                ", accessed as " + dtype_name(want));
+}
+
+std::string Tensor::describe() const {
+  if (!defined()) return "undefined tensor";
+  return std::string(dtype_name(dtype_)) + " " + shape_.str() + " on " + device_name(device_);
+}
+
+Tensor Tensor::clone() const { return to(device_); }
+
+Tensor Tensor::to(Device device) const {
+  if (!defined()) throw std::invalid_argument("to(): undefined tensor");
+  Tensor t = empty(shape_, dtype_, device);
+  t.copy_from(*this);
+  return t;
+}
+
+void Tensor::copy_from(const Tensor& src) {
+  if (src.shape_ != shape_ || src.dtype_ != dtype_)
+    throw std::invalid_argument("copy_from: " + src.describe() + " into " + describe());
+  if (nbytes() == 0) return;
+  if (is_cpu() && src.is_cpu()) {
+    std::memmove(raw(), src.raw(), nbytes());
+    return;
+  }
+  copy_from_async(src, nullptr);
+  gpu_stream_synchronize(nullptr);
+}
+
+void Tensor::copy_from_async(const Tensor& src, GpuStream stream) {
+  if (src.shape_ != shape_ || src.dtype_ != dtype_)
+    throw std::invalid_argument("copy_from_async: " + src.describe() + " into " + describe());
+  if (is_cpu() && src.is_cpu()) {
+    std::memmove(raw(), src.raw(), nbytes());
+    return;
+  }
+  const CopyKind kind = is_gpu() ? (src.is_gpu() ? CopyKind::kDeviceToDevice : CopyKind::kHostToDevice)
+                                 : CopyKind::kDeviceToHost;
+  gpu_copy_async(raw(), src.raw(), nbytes(), kind, stream);
+}
+
+void Tensor::fill_zero() {
+  if (!defined() || nbytes() == 0) return;
+  if (is_cpu()) {
+    std::memset(raw(), 0, nbytes());
+    return;
+  }
+  gpu_memset_async(raw(), 0, nbytes(), nullptr);
+  gpu_stream_synchronize(nullptr);
+}
+
+void Tensor::fill_zero_async(GpuStream stream) {
+  if (!defined() || nbytes() == 0) return;
+  if (is_cpu()) std::memset(raw(), 0, nbytes());
+  else gpu_memset_async(raw(), 0, nbytes(), stream);
+}
+
+Tensor Tensor::to(DType dtype) const {
+  if (!defined()) throw std::invalid_argument("to(): undefined tensor");
+  if (dtype == dtype_) return clone();
+  Tensor t = empty(shape_, dtype, device_);
+  const std::int64_t n = numel();
+  const bool ok = (dtype_ == DType::kF32 && dtype == DType::kF16) ||
+                  (dtype_ == DType::kF16 && dtype == DType::kF32) ||
+                  (dtype_ == DType::kU8 && dtype == DType::kF32);
+  if (!ok)
+    throw std::invalid_argument(std::string("no conversion from ") + dtype_name(dtype_) + " to " +
+                                dtype_name(dtype));
+  if (is_cpu()) {
+    if (dtype_ == DType::kF32) {
+      const float* s = data<float>();
+      Half* d = t.data<Half>();
+      for (std::int64_t i = 0; i < n; ++i) d[i] = float_to_half(s[i]);
+    } else if (dtype_ == DType::kF16) {
+      const Half* s = data<Half>();
+      float* d = t.data<float>();
+      for (std::int64_t i = 0; i < n; ++i) d[i] = half_to_float(s[i]);
+    } else {
+      const std::uint8_t* s = data<std::uint8_t>();
+      float* d = t.data<float>();
+      for (std::int64_t i = 0; i < n; ++i) d[i] = static_cast<float>(s[i]);
+    }
+    return t;
+  }
+  if (dtype_ == DType::kF32) launch_cast_f32_to_f16(data<float>(), t.data<Half>(), n, nullptr);
+  else if (dtype_ == DType::kF16) launch_cast_f16_to_f32(data<Half>(), t.data<float>(), n, nullptr);
+  else launch_cast_u8_to_f32(data<std::uint8_t>(), t.data<float>(), n, 1.0f, nullptr);
+  gpu_stream_synchronize(nullptr);
+  return t;
+}
+
+std::vector<float> Tensor::to_vector() const {
+  if (!defined()) return {};
+  const Tensor host = is_cpu() ? *this : to(Device::kCpu);
+  std::vector<float> v(static_cast<std::size_t>(numel()));
+  const std::int64_t n = numel();
+  switch (dtype_) {
+    case DType::kF32: if (n) std::memcpy(v.data(), host.raw(), n * sizeof(float)); break;
+    case DType::kF16: for (std::int64_t i = 0; i < n; ++i) v[i] = half_to_float(host.data<Half>()[i]); break;
+    case DType::kU8: for (std::int64_t i = 0; i < n; ++i) v[i] = host.data<std::uint8_t>()[i]; break;
+    case DType::kI32: for (std::int64_t i = 0; i < n; ++i) v[i] = static_cast<float>(host.data<std::int32_t>()[i]); break;
+  }
+  return v;
+}
+
+Tensor Tensor::reshape(const Shape& shape) const {
+  if (shape.numel() != numel())
+    throw std::invalid_argument("reshape: " + describe() + " to " + shape.str());
+  Tensor t = *this;
+  t.shape_ = shape;
+  return t;
+}
+
+Tensor Tensor::slice(std::int64_t begin, std::int64_t end) const {
+  if (rank() == 0 || begin < 0 || end < begin || end > dim(0))
+    throw std::invalid_argument("slice [" + std::to_string(begin) + ", " + std::to_string(end) +
+                                ") of " + describe());
+  Tensor t = *this;
+  t.shape_[0] = end - begin;
+  t.offset_ += static_cast<std::size_t>(begin * shape_.sample_numel()) * dtype_size(dtype_);
+  return t;
+}
+
+void ensure(Tensor& t, const Shape& shape, DType dtype, Device device) {
+  const std::size_t need = static_cast<std::size_t>(shape.numel()) * dtype_size(dtype);
+  if (t.storage_ && t.device_ == device && t.storage_->bytes() >= need) {
+    if (t.shape_ == shape && t.dtype_ == dtype && t.offset_ == 0) return;
+    t.shape_ = shape;
+    t.dtype_ = dtype;
+    t.offset_ = 0;
+    return;
+  }
+  t = Tensor::empty(shape, dtype, device);
+}
+
+}  // namespace mf

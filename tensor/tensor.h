@@ -1,0 +1,117 @@
+// tensor.h: Tensor = shape + dtype + device + shared storage.
+//
+// A Tensor is a handle: copying it shares the storage (like a shared_ptr); clone() and
+// to() make real copies, and nothing ever copies between host and device behind your
+// back. Data are row-major and contiguous. Host memory is 64-byte aligned (AVX-512 rows);
+// device memory comes from the caching DeviceAllocator.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "kernels/gpu_runtime.h"
+#include "tensor/dtype.h"
+#include "tensor/shape.h"
+
+namespace mf {
+
+// A block of memory on one device, freed when the last Tensor using it goes.
+class Storage {
+ public:
+  Storage(std::size_t bytes, Device device);
+  ~Storage();
+  Storage(const Storage&) = delete;
+  Storage& operator=(const Storage&) = delete;
+  void* data() const { return data_; }
+  std::size_t bytes() const { return bytes_; }
+  Device device() const { return device_; }
+
+ private:
+  void* data_ = nullptr;
+  std::size_t bytes_ = 0;
+  Device device_;
+};
+
+class Tensor {
+ public:
+  Tensor() = default;  // undefined: defined() is false
+
+  // Uninitialised memory. Device memory that cannot be had throws OutOfMemoryError naming
+  // this tensor's dtype, shape and size.
+  static Tensor empty(const Shape& shape, DType dtype = DType::kF32, Device device = Device::kCpu);
+  static Tensor zeros(const Shape& shape, DType dtype = DType::kF32, Device device = Device::kCpu);
+  // A host f32 tensor holding `values` (values.size() must equal shape.numel()).
+  static Tensor from_vector(const Shape& shape, const std::vector<float>& values);
+
+  bool defined() const { return storage_ != nullptr; }
+  const Shape& shape() const { return shape_; }
+  std::int64_t dim(int i) const { return shape_[i]; }
+  int rank() const { return shape_.rank(); }
+  std::int64_t numel() const { return shape_.numel(); }
+  DType dtype() const { return dtype_; }
+  Device device() const { return device_; }
+  std::size_t nbytes() const { return static_cast<std::size_t>(numel()) * dtype_size(dtype_); }
+  bool is_cpu() const { return device_ == Device::kCpu; }
+  bool is_gpu() const { return device_ == Device::kGpu; }
+
+  // Typed pointer to the first element; throws if T does not match dtype(). On a GPU
+  // tensor the pointer is a device pointer (for kernels, never for the host to read).
+  template <class T> T* data() {
+    check_type(DTypeOf<T>::value);
+    return static_cast<T*>(raw());
+  }
+  template <class T> const T* data() const {
+    check_type(DTypeOf<T>::value);
+    return static_cast<const T*>(raw());
+  }
+  void* raw() const {
+    return storage_ ? static_cast<char*>(storage_->data()) + offset_ : nullptr;
+  }
+
+  // A copy on `device` (a plain clone if already there). Host<->device copies are
+  // synchronous: this is the explicit, visible copy; pipelines use copy_from_async.
+  Tensor to(Device device) const;
+  // A copy converted to `dtype` (f32 <-> f16 with round-to-nearest-even; u8 -> f32), on
+  // the same device.
+  Tensor to(DType dtype) const;
+  Tensor clone() const;
+
+  // Views sharing this tensor's storage.
+  Tensor reshape(const Shape& shape) const;             // same numel
+  Tensor slice(std::int64_t begin, std::int64_t end) const;  // rows [begin, end) of dim 0
+
+  // Copies src (same shape and dtype, any devices) into this tensor.
+  void copy_from(const Tensor& src);
+  void copy_from_async(const Tensor& src, GpuStream stream);
+  void fill_zero();
+  void fill_zero_async(GpuStream stream);
+
+  // "f32 (64, 32, 26, 26) on gpu"
+  std::string describe() const;
+  // Host f32 contents as a vector (copies from the device when needed; f16 is widened).
+  std::vector<float> to_vector() const;
+  // True when both are views of the same storage and offset (same buffer).
+  bool same_buffer(const Tensor& o) const { return storage_ == o.storage_ && offset_ == o.offset_; }
+
+ private:
+  friend void ensure(Tensor& t, const Shape& shape, DType dtype, Device device);
+  void check_type(DType want) const;
+  Shape shape_;
+  DType dtype_ = DType::kF32;
+  Device device_ = Device::kCpu;
+  std::shared_ptr<Storage> storage_;
+  std::size_t offset_ = 0;  // bytes from storage_->data()
+};
+
+// Makes `t` a tensor of this shape, dtype and device, reusing its storage when that is on
+// the same device and large enough (the view then starts at the storage's first byte),
+// and allocating otherwise. Layers keep their outputs and gradients in such buffers, so a
+// training step allocates nothing after the first, a smaller last batch reuses the front
+// of the full batch's buffers, and a captured CUDA graph sees the same addresses at every
+// replay.
+void ensure(Tensor& t, const Shape& shape, DType dtype, Device device);
+
+}  // namespace mf

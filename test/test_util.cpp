@@ -1,0 +1,227 @@
+// test_util.cpp: comparisons and the naive double-precision references of test_util.h.
+#include "test/test_util.h"
+
+#include <algorithm>
+#include <cmath>
+#include <sstream>
+
+namespace mf::testing {
+
+std::vector<double> to_double(const Tensor& t) {
+  const std::vector<float> f = t.to_vector();
+  return std::vector<double>(f.begin(), f.end());
+}
+
+::testing::AssertionResult all_close(const std::vector<double>& a, const std::vector<double>& ref, Tol tol) {
+  if (a.size() != ref.size())
+    return ::testing::AssertionFailure() << "size " << a.size() << " vs reference " << ref.size();
+  std::size_t bad = 0, worst = 0;
+  double worst_excess = -1.0;
+  std::ostringstream first;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    const double err = std::fabs(a[i] - ref[i]);
+    const double allowed = tol.atol + tol.rtol * std::fabs(ref[i]);
+    const bool ok = err <= allowed;  // NaN fails
+    if (!ok) {
+      if (bad < 5) first << "\n  [" << i << "] got " << a[i] << ", want " << ref[i] << " (err " << err << ")";
+      ++bad;
+      const double excess = std::isnan(err) ? 1e300 : err - allowed;
+      if (excess > worst_excess) worst_excess = excess, worst = i;
+    }
+  }
+  if (bad == 0) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << bad << " of " << a.size() << " elements outside atol " << tol.atol
+                                       << " + rtol " << tol.rtol << "; worst at [" << worst << "]: got " << a[worst]
+                                       << ", want " << ref[worst] << first.str();
+}
+
+::testing::AssertionResult all_close(const Tensor& a, const std::vector<double>& ref, Tol tol) {
+  return all_close(to_double(a), ref, tol);
+}
+::testing::AssertionResult all_close(const Tensor& a, const Tensor& ref, Tol tol) {
+  if (a.shape() != ref.shape())
+    return ::testing::AssertionFailure() << "shape " << a.shape().str() << " vs " << ref.shape().str();
+  return all_close(to_double(a), to_double(ref), tol);
+}
+
+double nmse(const std::vector<double>& a, const std::vector<double>& ref) {
+  double num = 0, den = 0;
+  for (std::size_t i = 0; i < a.size() && i < ref.size(); ++i) {
+    num += (a[i] - ref[i]) * (a[i] - ref[i]);
+    den += ref[i] * ref[i];
+  }
+  if (den == 0) return num == 0 ? 0.0 : INFINITY;
+  return num / den;
+}
+double nmse(const Tensor& a, const std::vector<double>& ref) { return nmse(to_double(a), ref); }
+
+Tensor uniform(const Shape& shape, float lo, float hi, Rng& rng) {
+  Tensor t = Tensor::empty(shape);
+  float* p = t.data<float>();
+  for (std::int64_t i = 0; i < t.numel(); ++i) p[i] = rng.uniform(lo, hi);
+  return t;
+}
+
+Tensor spaced(const Shape& shape, float gap, Rng& rng) {
+  Tensor t = Tensor::empty(shape);
+  const std::int64_t n = t.numel();
+  std::vector<float> v(static_cast<std::size_t>(n));
+  for (std::int64_t i = 0; i < n; ++i) v[i] = (static_cast<float>(i) - static_cast<float>(n) / 2) * gap;
+  for (std::int64_t i = n - 1; i > 0; --i) std::swap(v[i], v[rng.below(static_cast<std::uint64_t>(i + 1))]);
+  std::copy(v.begin(), v.end(), t.data<float>());
+  return t;
+}
+
+Tensor random_labels(std::int64_t n, int classes, Rng& rng) {
+  Tensor t = Tensor::empty(Shape{n}, DType::kI32);
+  for (std::int64_t i = 0; i < n; ++i) t.data<std::int32_t>()[i] = static_cast<std::int32_t>(rng.below(classes));
+  return t;
+}
+
+namespace {
+struct Dims4 {
+  std::int64_t n, h, w, c;
+};
+Dims4 dims(const Tensor& x) { return {x.dim(0), x.dim(1), x.dim(2), x.dim(3)}; }
+}  // namespace
+
+std::vector<double> conv2d_forward_ref(const Tensor& x, const Tensor& w, const Tensor& b, bool relu) {
+  const Dims4 d = dims(x);
+  const std::int64_t K = w.dim(0), k = w.dim(1), oh = d.h - k + 1, ow = d.w - k + 1;
+  const std::vector<double> xv = to_double(x), wv = to_double(w), bv = to_double(b);
+  std::vector<double> y(static_cast<std::size_t>(d.n * oh * ow * K));
+  for (std::int64_t n = 0; n < d.n; ++n)
+    for (std::int64_t i = 0; i < oh; ++i)
+      for (std::int64_t j = 0; j < ow; ++j)
+        for (std::int64_t o = 0; o < K; ++o) {
+          double s = bv[o];
+          for (std::int64_t r = 0; r < k; ++r)
+            for (std::int64_t q = 0; q < k; ++q)
+              for (std::int64_t c = 0; c < d.c; ++c)
+                s += xv[((n * d.h + i + r) * d.w + j + q) * d.c + c] * wv[((o * k + r) * k + q) * d.c + c];
+          y[((n * oh + i) * ow + j) * K + o] = relu ? std::max(0.0, s) : s;
+        }
+  return y;
+}
+
+ConvGrads conv2d_backward_ref(const Tensor& x, const Tensor& w, const Tensor& b, bool relu, const Tensor& dy) {
+  const Dims4 d = dims(x);
+  const std::int64_t K = w.dim(0), k = w.dim(1), oh = d.h - k + 1, ow = d.w - k + 1;
+  const std::vector<double> xv = to_double(x), wv = to_double(w), dyv = to_double(dy);
+  const std::vector<double> y = conv2d_forward_ref(x, w, b, relu);
+  ConvGrads g;
+  g.dx.assign(xv.size(), 0.0);
+  g.dw.assign(wv.size(), 0.0);
+  g.db.assign(static_cast<std::size_t>(K), 0.0);
+  for (std::int64_t n = 0; n < d.n; ++n)
+    for (std::int64_t i = 0; i < oh; ++i)
+      for (std::int64_t j = 0; j < ow; ++j)
+        for (std::int64_t o = 0; o < K; ++o) {
+          const std::size_t yi = static_cast<std::size_t>(((n * oh + i) * ow + j) * K + o);
+          const double dz = relu && y[yi] <= 0.0 ? 0.0 : dyv[yi];
+          g.db[o] += dz;
+          for (std::int64_t r = 0; r < k; ++r)
+            for (std::int64_t q = 0; q < k; ++q)
+              for (std::int64_t c = 0; c < d.c; ++c) {
+                const std::size_t xi = static_cast<std::size_t>(((n * d.h + i + r) * d.w + j + q) * d.c + c);
+                const std::size_t wi = static_cast<std::size_t>(((o * k + r) * k + q) * d.c + c);
+                g.dw[wi] += dz * xv[xi];
+                g.dx[xi] += dz * wv[wi];
+              }
+        }
+  return g;
+}
+
+std::vector<double> maxpool_forward_ref(const Tensor& x) {
+  const Dims4 d = dims(x);
+  const std::int64_t oh = d.h / 2, ow = d.w / 2;
+  const std::vector<double> xv = to_double(x);
+  std::vector<double> y(static_cast<std::size_t>(d.n * oh * ow * d.c));
+  for (std::int64_t n = 0; n < d.n; ++n)
+    for (std::int64_t i = 0; i < oh; ++i)
+      for (std::int64_t j = 0; j < ow; ++j)
+        for (std::int64_t c = 0; c < d.c; ++c) {
+          double m = -INFINITY;
+          for (int a = 0; a < 2; ++a)
+            for (int e = 0; e < 2; ++e) m = std::max(m, xv[((n * d.h + 2 * i + a) * d.w + 2 * j + e) * d.c + c]);
+          y[((n * oh + i) * ow + j) * d.c + c] = m;
+        }
+  return y;
+}
+
+std::vector<double> maxpool_backward_ref(const Tensor& x, const Tensor& dy) {
+  const Dims4 d = dims(x);
+  const std::int64_t oh = d.h / 2, ow = d.w / 2;
+  const std::vector<double> xv = to_double(x), dyv = to_double(dy);
+  std::vector<double> dx(xv.size(), 0.0);
+  for (std::int64_t n = 0; n < d.n; ++n)
+    for (std::int64_t i = 0; i < oh; ++i)
+      for (std::int64_t j = 0; j < ow; ++j)
+        for (std::int64_t c = 0; c < d.c; ++c) {
+          std::size_t best = 0;
+          double m = -INFINITY;
+          for (int a = 0; a < 2; ++a)
+            for (int e = 0; e < 2; ++e) {
+              const std::size_t xi = static_cast<std::size_t>(((n * d.h + 2 * i + a) * d.w + 2 * j + e) * d.c + c);
+              if (xv[xi] > m) m = xv[xi], best = xi;  // first of equal values wins
+            }
+          dx[best] += dyv[static_cast<std::size_t>(((n * oh + i) * ow + j) * d.c + c)];
+        }
+  return dx;
+}
+
+std::vector<double> dense_forward_ref(const Tensor& x, const Tensor& w, const Tensor& b, bool relu) {
+  const std::int64_t n = x.dim(0), in = x.dim(1), u = w.dim(1);
+  const std::vector<double> xv = to_double(x), wv = to_double(w), bv = to_double(b);
+  std::vector<double> y(static_cast<std::size_t>(n * u));
+  for (std::int64_t i = 0; i < n; ++i)
+    for (std::int64_t o = 0; o < u; ++o) {
+      double s = bv[o];
+      for (std::int64_t f = 0; f < in; ++f) s += xv[i * in + f] * wv[f * u + o];
+      y[i * u + o] = relu ? std::max(0.0, s) : s;
+    }
+  return y;
+}
+
+DenseGrads dense_backward_ref(const Tensor& x, const Tensor& w, const Tensor& b, bool relu, const Tensor& dy) {
+  const std::int64_t n = x.dim(0), in = x.dim(1), u = w.dim(1);
+  const std::vector<double> xv = to_double(x), wv = to_double(w), dyv = to_double(dy);
+  const std::vector<double> y = dense_forward_ref(x, w, b, relu);
+  DenseGrads g;
+  g.dx.assign(xv.size(), 0.0);
+  g.dw.assign(wv.size(), 0.0);
+  g.db.assign(static_cast<std::size_t>(u), 0.0);
+  for (std::int64_t i = 0; i < n; ++i)
+    for (std::int64_t o = 0; o < u; ++o) {
+      const double dz = relu && y[i * u + o] <= 0.0 ? 0.0 : dyv[i * u + o];
+      g.db[o] += dz;
+      for (std::int64_t f = 0; f < in; ++f) {
+        g.dw[f * u + o] += xv[i * in + f] * dz;
+        g.dx[i * in + f] += wv[f * u + o] * dz;
+      }
+    }
+  return g;
+}
+
+XentRef softmax_xent_ref(const Tensor& logits, const Tensor& labels) {
+  const std::int64_t n = logits.dim(0), k = logits.dim(1);
+  const std::vector<double> z = to_double(logits);
+  const std::vector<float> lab = labels.to_vector();
+  XentRef r{0.0, 0, std::vector<double>(z.size())};
+  for (std::int64_t i = 0; i < n; ++i) {
+    const int y = static_cast<int>(lab[i]);
+    double m = z[i * k];
+    std::int64_t arg = 0;
+    for (std::int64_t j = 1; j < k; ++j)
+      if (z[i * k + j] > m) m = z[i * k + j], arg = j;
+    double s = 0;
+    for (std::int64_t j = 0; j < k; ++j) s += std::exp(z[i * k + j] - m);
+    r.loss_sum += std::log(s) + m - z[i * k + y];
+    r.correct += arg == y;
+    for (std::int64_t j = 0; j < k; ++j)
+      r.dlogits[i * k + j] = (std::exp(z[i * k + j] - m) / s - (j == y ? 1.0 : 0.0)) / static_cast<double>(n);
+  }
+  return r;
+}
+
+}  // namespace mf::testing

@@ -1,0 +1,67 @@
+// test_util.h: tolerances, comparisons, random tensors, and the naive double-precision
+// references that define the right answer for both devices.
+#pragma once
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "kernels/gpu_runtime.h"
+#include "tensor/rng.h"
+#include "tensor/tensor.h"
+
+// A GPU test on a machine without one is skipped, with the reason.
+#define MF_SKIP_WITHOUT_GPU()                                                 \
+  do {                                                                        \
+    if (!::mf::gpu_available()) GTEST_SKIP() << ::mf::gpu_status().reason;     \
+  } while (0)
+
+namespace mf::testing {
+
+struct Tol {
+  double atol, rtol;
+};
+
+// Every element: |a - r| <= atol + rtol * |r|. On failure reports the count, the largest
+// error with its index, and the first few failing pairs.
+::testing::AssertionResult all_close(const std::vector<double>& a, const std::vector<double>& ref, Tol tol);
+::testing::AssertionResult all_close(const Tensor& a, const std::vector<double>& ref, Tol tol);
+::testing::AssertionResult all_close(const Tensor& a, const Tensor& ref, Tol tol);
+// Normalised mean squared error sum (a - r)^2 / sum r^2 (0 when both are zero).
+double nmse(const std::vector<double>& a, const std::vector<double>& ref);
+double nmse(const Tensor& a, const std::vector<double>& ref);
+
+std::vector<double> to_double(const Tensor& t);
+Tensor uniform(const Shape& shape, float lo, float hi, Rng& rng);
+// Values whose neighbours differ by at least `gap` (no max-pool ties, no values near
+// ReLU's kink when offset away from zero): a random permutation of a spaced grid.
+Tensor spaced(const Shape& shape, float gap, Rng& rng);
+// Labels uniform in [0, classes) as an i32 host tensor.
+Tensor random_labels(std::int64_t n, int classes, Rng& rng);
+
+// ---- naive references, double precision, NHWC, same conventions as the layers ----
+// conv: x (N,H,W,C), w (K,k,k,C), b (K) -> (N,H-k+1,W-k+1,K), optional ReLU.
+std::vector<double> conv2d_forward_ref(const Tensor& x, const Tensor& w, const Tensor& b, bool relu);
+// Given dy for the conv's output (after ReLU), the gradients wrt x, w, b.
+struct ConvGrads {
+  std::vector<double> dx, dw, db;
+};
+ConvGrads conv2d_backward_ref(const Tensor& x, const Tensor& w, const Tensor& b, bool relu, const Tensor& dy);
+std::vector<double> maxpool_forward_ref(const Tensor& x);
+std::vector<double> maxpool_backward_ref(const Tensor& x, const Tensor& dy);
+// dense: x (N,in), w (in,units), b (units)
+std::vector<double> dense_forward_ref(const Tensor& x, const Tensor& w, const Tensor& b, bool relu);
+struct DenseGrads {
+  std::vector<double> dx, dw, db;
+};
+DenseGrads dense_backward_ref(const Tensor& x, const Tensor& w, const Tensor& b, bool relu, const Tensor& dy);
+// mean softmax cross-entropy of logits (N,K) and its gradient; correct = argmax hits.
+struct XentRef {
+  double loss_sum;
+  std::int64_t correct;
+  std::vector<double> dlogits;  // of the mean loss
+};
+XentRef softmax_xent_ref(const Tensor& logits, const Tensor& labels);
+
+}  // namespace mf::testing
