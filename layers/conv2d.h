@@ -39,6 +39,8 @@ class Conv2D final : public Layer {
 #endif
 
  private:
+  void forward_direct(const Tensor& x, Tensor& y);  // few inputs per output: no GEMM
+  void backward_direct_9x32(const Tensor& dy);      // 1 channel, 3x3, 32 filters, no dx
   std::int64_t in_channels_, filters_, k_;
   Activation act_;
   Parameter weight_, bias_;

@@ -12,8 +12,7 @@ class MaxPool2D final : public Layer {
   Shape output_shape(const Shape& in) const override;
 
  protected:
-  // Forward records which of the four inputs won (first one on ties) so that backward
-  // routes the gradient there and nowhere else.
+  // Backward routes each gradient to the window's maximum, the first one on ties.
   void forward_cpu(const Tensor& x, Tensor& y) override;
   void backward_cpu(const Tensor& dy, Tensor& dx) override;
 #if MF_WITH_CUDA
@@ -22,7 +21,7 @@ class MaxPool2D final : public Layer {
 #endif
 
  private:
-  Tensor argmax_;  // u8 (N, H/2, W/2, C): 0..3 = (dy, dx) position of the winner in its window
+  Tensor argmax_;  // GPU: u8 (N, H/2, W/2, C), 0..3 = position of the winner in its window
 };
 
 }  // namespace mf

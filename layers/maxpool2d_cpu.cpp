@@ -1,5 +1,6 @@
 // maxpool2d_cpu.cpp: 2x2/2 max pooling on the CPU, NHWC, the batch split across threads.
 // The innermost loop runs over channels, which are contiguous, so it vectorises.
+#include <algorithm>
 #include <cstring>
 
 #include "layers/maxpool2d.h"
@@ -14,12 +15,13 @@ Shape MaxPool2D::output_shape(const Shape& in) const {
   return Shape{in[0], in[1] / 2, in[2] / 2, in[3]};
 }
 
+// The CPU path stores no argmax: backward compares the kept input with the output and
+// routes the gradient to the first position that holds the maximum, which is the same
+// rule (first on ties), and both loops then vectorise over channels.
 void MaxPool2D::forward_cpu(const Tensor& x, Tensor& y) {
   const std::int64_t h = x.dim(1), w = x.dim(2), c = x.dim(3), oh = h / 2, ow = w / 2;
-  ensure(argmax_, y.shape(), DType::kU8, Device::kCpu);
   const float* xp = x.data<float>();
   float* yp = y.data<float>();
-  std::uint8_t* ap = argmax_.data<std::uint8_t>();
   cpu_pool().parallel_for(x.dim(0), [&](std::int64_t n0, std::int64_t n1, int) {
     for (std::int64_t n = n0; n < n1; ++n)
       for (std::int64_t i = 0; i < oh; ++i)
@@ -28,17 +30,9 @@ void MaxPool2D::forward_cpu(const Tensor& x, Tensor& y) {
           const float* x01 = x00 + c;
           const float* x10 = x00 + w * c;
           const float* x11 = x10 + c;
-          const std::int64_t o = ((n * oh + i) * ow + j) * c;
-          for (std::int64_t ch = 0; ch < c; ++ch) {
-            // Strict '>' keeps the first of equal values: ties go to the earliest position.
-            float best = x00[ch];
-            std::uint8_t arg = 0;
-            if (x01[ch] > best) best = x01[ch], arg = 1;
-            if (x10[ch] > best) best = x10[ch], arg = 2;
-            if (x11[ch] > best) best = x11[ch], arg = 3;
-            yp[o + ch] = best;
-            ap[o + ch] = arg;
-          }
+          float* out = yp + ((n * oh + i) * ow + j) * c;
+          for (std::int64_t ch = 0; ch < c; ++ch)
+            out[ch] = std::max(std::max(x00[ch], x01[ch]), std::max(x10[ch], x11[ch]));
         }
   });
 }
@@ -46,20 +40,50 @@ void MaxPool2D::forward_cpu(const Tensor& x, Tensor& y) {
 void MaxPool2D::backward_cpu(const Tensor& dy, Tensor& dx) {
   if (!dx.defined()) return;
   const std::int64_t h = x_.dim(1), w = x_.dim(2), c = x_.dim(3), oh = h / 2, ow = w / 2;
+  const float* xp = x_.data<float>();
+  const float* yp = y_.data<float>();
   const float* dyp = dy.data<float>();
-  const std::uint8_t* ap = argmax_.data<std::uint8_t>();
   float* dxp = dx.data<float>();
   cpu_pool().parallel_for(x_.dim(0), [&](std::int64_t n0, std::int64_t n1, int) {
-    // Rows and columns dropped by the floor (odd H or W) get a zero gradient.
-    std::memset(dxp + n0 * h * w * c, 0, (n1 - n0) * h * w * c * sizeof(float));
-    for (std::int64_t n = n0; n < n1; ++n)
-      for (std::int64_t i = 0; i < oh; ++i)
+    for (std::int64_t n = n0; n < n1; ++n) {
+      // Rows and columns dropped by the floor (odd H or W) get a zero gradient.
+      if (h % 2) std::memset(dxp + (n * h + h - 1) * w * c, 0, w * c * sizeof(float));
+      for (std::int64_t i = 0; i < oh; ++i) {
+        if (w % 2)
+          for (int r = 0; r < 2; ++r) std::memset(dxp + ((n * h + 2 * i + r) * w + w - 1) * c, 0, c * sizeof(float));
         for (std::int64_t j = 0; j < ow; ++j) {
-          float* d00 = dxp + ((n * h + 2 * i) * w + 2 * j) * c;
-          float* win[4] = {d00, d00 + c, d00 + w * c, d00 + w * c + c};
           const std::int64_t o = ((n * oh + i) * ow + j) * c;
-          for (std::int64_t ch = 0; ch < c; ++ch) win[ap[o + ch]][ch] = dyp[o + ch];
+          const std::int64_t base = ((n * h + 2 * i) * w + 2 * j) * c;
+          const float* __restrict x00 = xp + base;
+          const float* __restrict x01 = x00 + c;
+          const float* __restrict x10 = x00 + w * c;
+          float* __restrict d00 = dxp + base;
+          float* __restrict d01 = d00 + c;
+          float* __restrict d10 = d00 + w * c;
+          float* __restrict d11 = d10 + c;
+          const float* __restrict ym = yp + o;
+          const float* __restrict g = dyp + o;
+          // Branch-free, so the channel loop vectorises (which of the four wins is data-
+          // dependent: branches would mispredict). `rest` is the gradient not yet routed;
+          // once a position matches, rest - g is exactly 0 and later matches get nothing.
+#pragma omp simd
+          for (std::int64_t ch = 0; ch < c; ++ch) {
+            const float m = ym[ch];
+            float rest = g[ch];
+            const float a = x00[ch] == m ? rest : 0.0f;
+            rest -= a;
+            const float b = x01[ch] == m ? rest : 0.0f;
+            rest -= b;
+            const float e = x10[ch] == m ? rest : 0.0f;
+            rest -= e;
+            d00[ch] = a;
+            d01[ch] = b;
+            d10[ch] = e;
+            d11[ch] = rest;
+          }
         }
+      }
+    }
   });
 }
 

@@ -17,6 +17,15 @@ namespace mf {
 
 namespace {
 constexpr int kSpinIterations = 20000;  // ~50-100 us of polling before a worker sleeps
+
+// Flush-to-zero and denormals-are-zero for this thread. Adam's second moments and tiny
+// gradients drift into the denormal range, where each operation costs ~100 cycles
+// instead of one; values below 1e-38 do not matter to training.
+void flush_denormals() {
+#if defined(__SSE__) || defined(__x86_64__)
+  _mm_setcsr(_mm_getcsr() | 0x8040);  // FTZ (bit 15) | DAZ (bit 6)
+#endif
+}
 }
 
 ThreadPool::ThreadPool(int num_threads) : num_threads_(std::max(1, num_threads)) {
@@ -34,6 +43,7 @@ ThreadPool::~ThreadPool() {
 }
 
 void ThreadPool::worker(int index) {
+  flush_denormals();
   std::uint64_t seen = 0;
   for (;;) {
     std::uint64_t g = generation_.load(std::memory_order_acquire);
@@ -54,6 +64,7 @@ void ThreadPool::worker(int index) {
 }
 
 void ThreadPool::dispatch(int tasks, const std::function<void(int)>& task) {
+  flush_denormals();  // the calling thread takes part too
   if (num_threads_ == 1 || tasks <= 1) {
     for (int i = 0; i < tasks; ++i) task(i);
     return;

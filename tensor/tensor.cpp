@@ -2,6 +2,9 @@
 #include "tensor/tensor.h"
 
 #include <cstdlib>
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
 #include <cstring>
 #include <sstream>
 
@@ -13,10 +16,26 @@ namespace mf {
 
 namespace {
 constexpr std::size_t kHostAlign = 64;  // one cache line; one AVX-512 register
+
+// glibc returns every freed block above 128 KiB to the kernel (munmap) and maps fresh,
+// zero-filled pages for the next one. A training step frees and allocates multi-MB
+// buffers (Eigen's GEMM packing, batch scratch), so by default each step pays thousands
+// of page faults. Raising the thresholds once keeps those blocks in the process.
+void configure_host_malloc() {
+  static const bool done = [] {
+#if defined(__GLIBC__)
+    mallopt(M_MMAP_THRESHOLD, 64 << 20);
+    mallopt(M_TRIM_THRESHOLD, 1 << 30);
+#endif
+    return true;
+  }();
+  (void)done;
+}
 }
 
 Storage::Storage(std::size_t bytes, Device device) : bytes_(bytes), device_(device) {
   if (device == Device::kCpu) {
+    configure_host_malloc();
     const std::size_t padded = (bytes + kHostAlign - 1) / kHostAlign * kHostAlign;
     data_ = std::aligned_alloc(kHostAlign, padded == 0 ? kHostAlign : padded);
     if (!data_) throw std::bad_alloc();

@@ -1,0 +1,48 @@
+// gpu_context.cpp: creating the handles, binding them to the compute stream, the workspace.
+#include "kernels/gpu_context.h"
+
+#include "kernels/device_allocator.h"
+#include "kernels/gpu_runtime.h"
+
+namespace mf {
+
+GpuContext& GpuContext::current() {
+  static GpuContext* ctx = new GpuContext();  // lives as long as the process (handles outlive tensors)
+  return *ctx;
+}
+
+GpuContext::GpuContext() {
+  stream_ = compute_stream();  // throws NoGpuError without a GPU
+  cublasHandle_t b = nullptr;
+  MF_GPU_CHECK(cublasCreate(&b));
+  cublas_.reset(b);
+  MF_GPU_CHECK(cublasSetStream(b, stream_));
+  // cuBLAS must not allocate its own workspace while a graph is being captured: give it
+  // one up front (4 MiB is plenty for these GEMM sizes).
+  cublas_workspace_ = DeviceBuffer<unsigned char>(4u << 20);
+  MF_GPU_CHECK(cublasSetWorkspace(b, cublas_workspace_.get(), cublas_workspace_.size()));
+  cudnnHandle_t d = nullptr;
+  MF_GPU_CHECK(cudnnCreate(&d));
+  cudnn_.reset(d);
+  MF_GPU_CHECK(cudnnSetStream(d, stream_));
+}
+
+void* GpuContext::workspace(std::size_t bytes) {
+  if (bytes <= workspace_bytes_) return workspace_;
+  MF_GPU_CHECK(cudaStreamSynchronize(stream_));  // the old workspace may still be in use
+  DeviceAllocator& a = DeviceAllocator::instance();
+  if (workspace_) a.deallocate(workspace_);
+  workspace_ = nullptr;
+  workspace_bytes_ = 0;
+  workspace_ = a.allocate(bytes);
+  workspace_bytes_ = bytes;
+  return workspace_;
+}
+
+bool GpuContext::capturing() const {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  MF_GPU_CHECK(cudaStreamIsCapturing(stream_, &status));
+  return status == cudaStreamCaptureStatusActive;
+}
+
+}  // namespace mf

@@ -1,0 +1,46 @@
+// gpu_context.h: the per-process GPU context the layers run in: the compute stream, the
+// cuBLAS and cuDNN handles bound to it, and one workspace shared by all cuDNN calls,
+// grown to the largest size an algorithm asks for (before any graph capture).
+#pragma once
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+#include <cudnn.h>
+
+#include <cstddef>
+
+#include "kernels/cuda_raii.h"
+
+namespace mf {
+
+class GpuContext {
+ public:
+  // The context of the current device, created on first use. Throws NoGpuError without a GPU.
+  static GpuContext& current();
+
+  cudaStream_t stream() const { return stream_; }  // == compute_stream()
+  cublasHandle_t cublas() const { return cublas_.get(); }
+  cudnnHandle_t cudnn() const { return cudnn_.get(); }
+
+  // A device workspace of at least `bytes` (shared: valid until the next call that grows
+  // it). Growing synchronises the stream, so call it outside graph capture (layers size
+  // their workspace when they first meet a shape, in the eager warm-up step).
+  void* workspace(std::size_t bytes);
+  std::size_t workspace_size() const { return workspace_bytes_; }
+
+  // True while the compute stream is being captured into a CUDA graph.
+  bool capturing() const;
+
+  GpuContext(const GpuContext&) = delete;
+  GpuContext& operator=(const GpuContext&) = delete;
+
+ private:
+  GpuContext();
+  cudaStream_t stream_ = nullptr;
+  CublasHandle cublas_;
+  CudnnHandle cudnn_;
+  void* workspace_ = nullptr;
+  std::size_t workspace_bytes_ = 0;
+  DeviceBuffer<unsigned char> cublas_workspace_;
+};
+
+}  // namespace mf

