@@ -41,11 +41,15 @@ class Conv2D final : public Layer {
  private:
   void forward_direct(const Tensor& x, Tensor& y);  // few inputs per output: no GEMM
   void backward_direct_9x32(const Tensor& dy);      // 1 channel, 3x3, 32 filters, no dx
+  void forward_implicit(const Tensor& x, Tensor& y);  // register-tiled implicit GEMM
+  void backward_implicit(const Tensor& dy, Tensor& dx);
   std::int64_t in_channels_, filters_, k_;
   Activation act_;
   Parameter weight_, bias_;
   std::vector<float> scratch_;   // CPU: per-thread im2col and gradient buffers
-  std::unique_ptr<ConvGpuState> gpu_;
+  // Deleted through the function conv2d_gpu.cu sets with the state: this header (and
+  // conv2d.cpp, whose constructor may throw) only sees ConvGpuState declared.
+  std::unique_ptr<ConvGpuState, void (*)(ConvGpuState*)> gpu_{nullptr, nullptr};
 };
 
 }  // namespace mf

@@ -22,6 +22,7 @@
 #include <cstring>
 
 #include "layers/conv2d.h"
+#include "layers/conv2d_cpu_kernels.h"
 #include "layers/eigen_util.h"
 #include "tensor/parallel.h"
 
@@ -148,6 +149,105 @@ void direct_weight_grad(const ConvGeom& g, const float* x, const float* y, const
 
 }  // namespace
 
+namespace {
+
+// ---- implicit GEMM (conv2d_cpu_kernels.h): filters a multiple of 16 ----
+
+int vecs_for(std::int64_t K) { return K % 64 == 0 ? 4 : K % 32 == 0 ? 2 : 1; }
+
+// y (N, H-k+1, W-k+1, K) = conv(x (N, H, W, C), Wt) [+ bias, ReLU]: output pixels are dealt
+// to threads in tiles of kTileRegs / kVecs.
+template <int kVecs>
+void implicit_conv(std::int64_t n, std::int64_t h, std::int64_t w, std::int64_t c, std::int64_t k, const float* x,
+                   const float* wt, std::int64_t K, const float* bias, bool relu, float* y) {
+  constexpr int kRows = cpu::kTileRegs / kVecs;
+  const std::int64_t oh = h - k + 1, ow = w - k + 1, pixels = oh * ow, total = n * pixels;
+  const std::int64_t tiles = (total + kRows - 1) / kRows;
+  cpu_pool().parallel_for(tiles, [&](std::int64_t t0, std::int64_t t1, int) {
+    const float* in[kRows];
+    float* out[kRows];
+    for (std::int64_t t = t0; t < t1; ++t) {
+      const std::int64_t p0 = t * kRows;
+      const int rows = static_cast<int>(std::min<std::int64_t>(kRows, total - p0));
+      for (int i = 0; i < rows; ++i) {
+        const std::int64_t p = p0 + i, img = p / pixels, q = p % pixels;
+        in[i] = x + ((img * h + q / ow) * w + q % ow) * c;
+        out[i] = y + p * K;
+      }
+      for (std::int64_t o0 = 0; o0 < K; o0 += kVecs * cpu::kLanes)
+        cpu::with_rows<kVecs>(rows, [&](auto r) {
+          cpu::conv_tile<decltype(r)::value, kVecs>(in, w * c, k, k * c, wt, K, o0, bias, relu, out);
+        });
+    }
+  });
+}
+
+void implicit_conv_any(std::int64_t n, std::int64_t h, std::int64_t w, std::int64_t c, std::int64_t k,
+                       const float* x, const float* wt, std::int64_t K, const float* bias, bool relu, float* y) {
+  switch (vecs_for(K)) {
+    case 4: return implicit_conv<4>(n, h, w, c, k, x, wt, K, bias, relu, y);
+    case 2: return implicit_conv<2>(n, h, w, c, k, x, wt, K, bias, relu, y);
+    default: return implicit_conv<1>(n, h, w, c, k, x, wt, K, bias, relu, y);
+  }
+}
+
+// dwt (kkC, K) += sum over pixels [p0, p1) of x_p's receptive field (x) dz_p, pixels taken
+// in chunks whose dz rows stay in L1/L2 while every tile of dwt passes over them.
+template <int kVecs>
+void implicit_wgrad(const ConvGeom& g, const float* x, const float* dzm, std::int64_t p0, std::int64_t p1,
+                    float* dwt) {
+  constexpr int kRows = cpu::kTileRegs / kVecs;
+  constexpr std::int64_t kChunk = 128;
+  const std::int64_t K = g.filters, run = g.k * g.c, pixels = g.oh * g.ow;
+  const float* in[kChunk];
+  const float* dz[kChunk];
+  for (std::int64_t c0 = p0; c0 < p1; c0 += kChunk) {
+    const std::int64_t np = std::min(kChunk, p1 - c0);
+    for (std::int64_t i = 0; i < np; ++i) {
+      const std::int64_t p = c0 + i, img = p / pixels, q = p % pixels, oh = q / g.ow, ow = q % g.ow;
+      in[i] = x + ((img * g.h + oh) * g.w + ow) * g.c;
+      dz[i] = dzm + p * K;
+    }
+    for (std::int64_t r = 0; r < g.k; ++r)
+      for (std::int64_t j0 = 0; j0 < run; j0 += kRows) {
+        const int rows = static_cast<int>(std::min<std::int64_t>(kRows, run - j0));
+        for (std::int64_t o0 = 0; o0 < K; o0 += kVecs * cpu::kLanes)
+          cpu::with_rows<kVecs>(rows, [&](auto rr) {
+            cpu::wgrad_tile<decltype(rr)::value, kVecs>(in, dz, np, r * g.w * g.c + j0, o0,
+                                                        dwt + (r * run + j0) * K, K);
+          });
+      }
+  }
+}
+
+// dx (N, H, W, C) = the data gradient for images [n0, n1), by scatter-adding tiles of
+// dgrad_tile (overwrites those images of dx). Needs k*C a multiple of 16*kVecs.
+template <int kVecs>
+void implicit_dgrad(const ConvGeom& g, const float* dzm, const float* w, std::int64_t n0, std::int64_t n1,
+                    float* dx) {
+  constexpr int kRows = cpu::kTileRegs / kVecs;
+  const std::int64_t K = g.filters, run = g.k * g.c, pixels = g.oh * g.ow;
+  if (n1 > n0) std::memset(dx + n0 * g.h * g.w * g.c, 0, (n1 - n0) * g.h * g.w * g.c * sizeof(float));
+  const float* dz[kRows];
+  float* field[kRows];
+  const std::int64_t p_end = n1 * pixels;
+  for (std::int64_t p0 = n0 * pixels; p0 < p_end; p0 += kRows) {
+    const int rows = static_cast<int>(std::min<std::int64_t>(kRows, p_end - p0));
+    for (int i = 0; i < rows; ++i) {
+      const std::int64_t p = p0 + i, img = p / pixels, q = p % pixels;
+      dz[i] = dzm + p * K;
+      field[i] = dx + ((img * g.h + q / g.ow) * g.w + q % g.ow) * g.c;
+    }
+    for (std::int64_t r = 0; r < g.k; ++r)
+      for (std::int64_t j0 = 0; j0 < run; j0 += kVecs * cpu::kLanes)
+        cpu::with_rows<kVecs>(rows, [&](auto rr) {
+          cpu::dgrad_tile<decltype(rr)::value, kVecs>(dz, field, r * g.w * g.c + j0, w + r * run + j0, g.kk_c, K);
+        });
+  }
+}
+
+}  // namespace
+
 void Conv2D::forward_direct(const Tensor& x, Tensor& y) {
   const ConvGeom g = geometry(x, k_, filters_);
   const std::int64_t K = g.filters;
@@ -199,8 +299,79 @@ void Conv2D::backward_direct_9x32(const Tensor& dy) {
   }
 }
 
+void Conv2D::forward_implicit(const Tensor& x, Tensor& y) {
+  const ConvGeom g = geometry(x, k_, filters_);
+  if (scratch_.size() < static_cast<std::size_t>(g.kk_c * g.filters))
+    scratch_.resize(static_cast<std::size_t>(g.kk_c * g.filters));
+  transpose_weights(g, weight_.value.data<float>(), scratch_.data());
+  implicit_conv_any(g.n, g.h, g.w, g.c, g.k, x.data<float>(), scratch_.data(), g.filters,
+                    bias_.value.data<float>(), act_ == Activation::kRelu, y.data<float>());
+}
+
+// Backward with implicit GEMMs: dZ (dY masked by ReLU) into a buffer, then
+//   weight gradient  dWt (kkC, K) = sum over pixels of receptive field (x) dz    (wgrad tiles)
+//   data gradient    dx[field of p] += W^T dz_p, scatter-added                  (dgrad tiles)
+void Conv2D::backward_implicit(const Tensor& dy, Tensor& dx) {
+  const ConvGeom g = geometry(x_, k_, filters_);
+  const std::int64_t K = g.filters, total = g.n * g.oh * g.ow;
+  ThreadPool& pool = cpu_pool();
+  const int threads = pool.num_threads();
+  const std::int64_t part = g.kk_c * K + K;  // per-thread dWt and db
+  const std::size_t need = static_cast<std::size_t>(total * K + part * threads);
+  if (scratch_.size() < need) scratch_.resize(need);
+  float* dzm = scratch_.data();
+  float* parts = dzm + total * K;
+  const float* yp = y_.data<float>();
+  const float* dyp = dy.data<float>();
+  const float* w = weight_.value.data<float>();
+  const bool relu = act_ == Activation::kRelu;
+  const int vecs = vecs_for(K);
+  const int dvecs = (g.k * g.c) % 64 == 0 ? 4 : (g.k * g.c) % 32 == 0 ? 2 : 1;
+
+  pool.run_on_all([&](int t) {
+    // dZ and the bias gradient for this thread's pixels, then its weight-gradient share.
+    const std::int64_t p0 = total * t / threads, p1 = total * (t + 1) / threads;
+    float* dwt = parts + t * part;
+    float* db = dwt + g.kk_c * K;
+    std::fill(dwt, dwt + part, 0.0f);
+    for (std::int64_t p = p0; p < p1; ++p)
+      for (std::int64_t o = 0; o < K; ++o) {
+        const float d = relu && yp[p * K + o] <= 0.0f ? 0.0f : dyp[p * K + o];
+        dzm[p * K + o] = d;
+        db[o] += d;
+      }
+    switch (vecs) {
+      case 4: implicit_wgrad<4>(g, x_.data<float>(), dzm, p0, p1, dwt); break;
+      case 2: implicit_wgrad<2>(g, x_.data<float>(), dzm, p0, p1, dwt); break;
+      default: implicit_wgrad<1>(g, x_.data<float>(), dzm, p0, p1, dwt); break;
+    }
+  });
+  if (dx.defined()) {
+    // Threads take whole images: scatter-adds of neighbouring pixels overlap within one.
+    pool.run_on_all([&](int t) {
+      const std::int64_t n0 = g.n * t / threads, n1 = g.n * (t + 1) / threads;
+      float* dxp = dx.data<float>();
+      switch (dvecs) {
+        case 4: implicit_dgrad<4>(g, dzm, w, n0, n1, dxp); break;
+        case 2: implicit_dgrad<2>(g, dzm, w, n0, n1, dxp); break;
+        default: implicit_dgrad<1>(g, dzm, w, n0, n1, dxp); break;
+      }
+    });
+  }
+  float* dw = weight_.grad.data<float>();
+  float* dbias = bias_.grad.data<float>();
+  for (int t = 0; t < threads; ++t) {
+    const float* dwt = parts + t * part;
+    for (std::int64_t o = 0; o < K; ++o) {
+      for (std::int64_t j = 0; j < g.kk_c; ++j) dw[o * g.kk_c + j] += dwt[j * K + o];
+      dbias[o] += dwt[g.kk_c * K + o];
+    }
+  }
+}
+
 void Conv2D::forward_cpu(const Tensor& x, Tensor& y) {
   if (k_ * k_ * in_channels_ <= kMaxDirectInputs && filters_ <= 1024) return forward_direct(x, y);
+  if (filters_ % cpu::kLanes == 0) return forward_implicit(x, y);
   const ConvGeom g = geometry(x, k_, filters_);
   const std::int64_t ipb = g.images_per_block();
   ThreadPool& pool = cpu_pool();
@@ -229,6 +400,8 @@ void Conv2D::forward_cpu(const Tensor& x, Tensor& y) {
 void Conv2D::backward_cpu(const Tensor& dy, Tensor& dx) {
   const ConvGeom g = geometry(x_, k_, filters_);
   if (!dx.defined() && g.kk_c == 9 && g.filters == 32) return backward_direct_9x32(dy);
+  if (g.filters % cpu::kLanes == 0 && (!dx.defined() || (g.k * g.c) % cpu::kLanes == 0))
+    return backward_implicit(dy, dx);
   const std::int64_t ipb = g.images_per_block();
   ThreadPool& pool = cpu_pool();
   const int threads = pool.num_threads();

@@ -1,0 +1,122 @@
+// conv2d_cpu_kernels.h: the register-tiled micro-kernels of the CPU convolution.
+//
+// A convolution is a matrix product whose left matrix is never built ("implicit GEMM"):
+// in NHWC the k*k*C inputs of output pixel (n, oh, ow) are k runs of k*C contiguous floats,
+// one per kernel row, `row_stride` = W*C floats apart. So the product can read x directly:
+//
+//   y[p][o] = b[o] + sum over r < k, j < k*C of  x[in_p + r*row_stride + j] * Wt[r*k*C + j][o]
+//
+// with Wt the kernel transposed to (k*k*C, K). A tile of kRows pixels x kVecs*16 filters
+// keeps its kRows*kVecs accumulators in vector registers (24 of AVX-512's 32), and each
+// step of the sum costs kVecs loads of Wt, kRows broadcasts of x and kRows*kVecs FMAs:
+// enough arithmetic per load to keep both FMA units of a core busy.
+//
+// Vec is a GCC/Clang vector of 16 floats: one AVX-512 register, or two AVX2 registers when
+// the build targets a CPU without AVX-512; the same source serves both.
+#pragma once
+#include <cstdint>
+#include <type_traits>
+
+namespace mf::cpu {
+
+typedef float Vec __attribute__((vector_size(64)));
+constexpr int kLanes = 16;
+constexpr int kTileRegs = 24;  // accumulators per tile
+
+inline Vec load(const float* p) {
+  Vec v;
+  __builtin_memcpy(&v, p, sizeof v);
+  return v;
+}
+inline void store(float* p, Vec v) { __builtin_memcpy(p, &v, sizeof v); }
+inline Vec splat(float s) { return Vec{} + s; }
+inline Vec relu(Vec v) { return v > 0.0f ? v : Vec{}; }
+
+// One forward tile: rows pixels (kRows at compile time) x kVecs*16 filters from o0.
+//   in[i]  first input of pixel i's receptive field (its top-left, channel 0)
+//   out[i] output row of pixel i (K floats); writes out[i][o0 .. o0 + 16*kVecs)
+//   wt     (k*run, K) transposed kernel; bias may be null (no bias)
+template <int kRows, int kVecs>
+inline void conv_tile(const float* const* in, std::int64_t row_stride, std::int64_t k, std::int64_t run,
+                      const float* wt, std::int64_t K, std::int64_t o0, const float* bias, bool apply_relu,
+                      float* const* out) {
+  Vec acc[kRows][kVecs];
+  for (int v = 0; v < kVecs; ++v) {
+    const Vec b = bias ? load(bias + o0 + v * kLanes) : Vec{};
+    for (int i = 0; i < kRows; ++i) acc[i][v] = b;
+  }
+  for (std::int64_t r = 0; r < k; ++r) {
+    const float* w = wt + r * run * K + o0;
+    const std::int64_t off = r * row_stride;
+    for (std::int64_t j = 0; j < run; ++j, w += K) {
+      Vec wv[kVecs];
+      for (int v = 0; v < kVecs; ++v) wv[v] = load(w + v * kLanes);
+      for (int i = 0; i < kRows; ++i) {
+        const Vec a = splat(in[i][off + j]);
+        for (int v = 0; v < kVecs; ++v) acc[i][v] += a * wv[v];
+      }
+    }
+  }
+  for (int i = 0; i < kRows; ++i)
+    for (int v = 0; v < kVecs; ++v) store(out[i] + o0 + v * kLanes, apply_relu ? relu(acc[i][v]) : acc[i][v]);
+}
+
+// One weight-gradient tile: ACCUMULATES into dwt rows j0 .. j0+kRows (input index within
+// the receptive field, all in one kernel row: offset = r*row_stride + (j0 - r*run)), columns
+// o0 .. o0 + 16*kVecs, the sum over npix pixels of x[in_p + offset + i] * dz_p[o].
+template <int kRows, int kVecs>
+inline void wgrad_tile(const float* const* in, const float* const* dz, std::int64_t npix, std::int64_t offset,
+                       std::int64_t o0, float* dwt, std::int64_t K) {
+  Vec acc[kRows][kVecs];
+  for (int i = 0; i < kRows; ++i)
+    for (int v = 0; v < kVecs; ++v) acc[i][v] = load(dwt + i * K + o0 + v * kLanes);
+  for (std::int64_t p = 0; p < npix; ++p) {
+    Vec d[kVecs];
+    for (int v = 0; v < kVecs; ++v) d[v] = load(dz[p] + o0 + v * kLanes);
+    const float* x = in[p] + offset;
+    for (int i = 0; i < kRows; ++i) {
+      const Vec a = splat(x[i]);
+      for (int v = 0; v < kVecs; ++v) acc[i][v] += a * d[v];
+    }
+  }
+  for (int i = 0; i < kRows; ++i)
+    for (int v = 0; v < kVecs; ++v) store(dwt + i * K + o0 + v * kLanes, acc[i][v]);
+}
+
+// One data-gradient tile, the transpose of conv_tile: for pixels i of the tile and inputs
+// j0 .. j0 + 16*kVecs of their receptive fields (within one kernel row, at `offset` from
+// the field's start), ADDS sum over o < K of dz_i[o] * W[o][j] into dx. W is the kernel
+// (K, kkC) as stored, w = W + (r*run + j0). Overlapping fields of neighbouring pixels are
+// added one after the other, so the caller only has to keep threads on separate images.
+template <int kRows, int kVecs>
+inline void dgrad_tile(const float* const* dz, float* const* dx, std::int64_t offset, const float* w,
+                       std::int64_t kk_c, std::int64_t K) {
+  Vec acc[kRows][kVecs];
+  for (int i = 0; i < kRows; ++i)
+    for (int v = 0; v < kVecs; ++v) acc[i][v] = Vec{};
+  for (std::int64_t o = 0; o < K; ++o, w += kk_c) {
+    Vec wv[kVecs];
+    for (int v = 0; v < kVecs; ++v) wv[v] = load(w + v * kLanes);
+    for (int i = 0; i < kRows; ++i) {
+      const Vec a = splat(dz[i][o]);
+      for (int v = 0; v < kVecs; ++v) acc[i][v] += a * wv[v];
+    }
+  }
+  for (int i = 0; i < kRows; ++i)
+    for (int v = 0; v < kVecs; ++v) {
+      float* d = dx[i] + offset + v * kLanes;
+      store(d, load(d) + acc[i][v]);
+    }
+}
+
+// Runs the tile template with `rows` (1 .. kMax) chosen at run time, for the last,
+// partial tile of a range.
+template <int kVecs, int kMax = kTileRegs / kVecs, class F>
+inline void with_rows(int rows, F&& f) {
+  if constexpr (kMax >= 1) {
+    if (rows == kMax) return f(std::integral_constant<int, kMax>{});
+    with_rows<kVecs, kMax - 1>(rows, f);
+  }
+}
+
+}  // namespace mf::cpu
