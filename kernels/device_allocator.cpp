@@ -40,6 +40,7 @@ void DeviceAllocator::reset_peak() { std::lock_guard<std::mutex> l(mu_); peak_ =
 #if MF_WITH_CUDA
 
 void* DeviceAllocator::allocate(std::size_t bytes) {
+  if (!gpu_available()) throw NoGpuError("GPU memory requested but " + gpu_status().reason);
   const std::size_t size = round_size(bytes);
   std::lock_guard<std::mutex> lock(mu_);
   if (limit_ != 0 && in_use_ + size > limit_)

@@ -31,10 +31,9 @@ void* GpuContext::workspace(std::size_t bytes) {
   if (bytes <= workspace_bytes_) return workspace_;
   MF_GPU_CHECK(cudaStreamSynchronize(stream_));  // the old workspace may still be in use
   DeviceAllocator& a = DeviceAllocator::instance();
+  void* grown = a.allocate(bytes);  // first: if this throws, the old workspace stays
   if (workspace_) a.deallocate(workspace_);
-  workspace_ = nullptr;
-  workspace_bytes_ = 0;
-  workspace_ = a.allocate(bytes);
+  workspace_ = grown;
   workspace_bytes_ = bytes;
   return workspace_;
 }

@@ -29,7 +29,7 @@ inline Vec load(const float* p) {
   return v;
 }
 inline void store(float* p, Vec v) { __builtin_memcpy(p, &v, sizeof v); }
-inline Vec splat(float s) { return Vec{} + s; }
+inline Vec splat(float s) { return Vec{s, s, s, s, s, s, s, s, s, s, s, s, s, s, s, s}; }  // one vbroadcastss
 inline Vec relu(Vec v) { return v > 0.0f ? v : Vec{}; }
 
 // One forward tile: rows pixels (kRows at compile time) x kVecs*16 filters from o0.

@@ -38,7 +38,9 @@ class Dense final : public Layer {
   Activation act_;
   Parameter weight_, bias_;
   Tensor dz_;  // CPU: dy masked by ReLU
-  std::unique_ptr<DenseGpuState> gpu_;
+  // Deleted through the function dense_gpu.cu sets with the state: this header (and
+  // dense.cpp, whose constructor may throw) only sees DenseGpuState declared.
+  std::unique_ptr<DenseGpuState, void (*)(DenseGpuState*)> gpu_{nullptr, nullptr};
 };
 
 }  // namespace mf

@@ -22,6 +22,9 @@ class MaxPool2D final : public Layer {
 
  private:
   Tensor argmax_;  // GPU: u8 (N, H/2, W/2, C), 0..3 = position of the winner in its window
+  // GPU inference: the kernel always writes winners; they go here, so that a validation pass
+  // at another batch size never moves argmax_, which a captured training step writes.
+  Tensor infer_argmax_;
 };
 
 }  // namespace mf

@@ -64,22 +64,20 @@ void MaxPool2D::backward_cpu(const Tensor& dy, Tensor& dx) {
           const float* __restrict ym = yp + o;
           const float* __restrict g = dyp + o;
           // Branch-free, so the channel loop vectorises (which of the four wins is data-
-          // dependent: branches would mispredict). `rest` is the gradient not yet routed;
-          // once a position matches, rest - g is exactly 0 and later matches get nothing.
+          // dependent: branches would mispredict). The 0/1 masks pick the first position
+          // equal to the maximum; the gradient itself is only selected, never combined, so
+          // an inf or NaN gradient still reaches the winner alone.
 #pragma omp simd
           for (std::int64_t ch = 0; ch < c; ++ch) {
             const float m = ym[ch];
-            float rest = g[ch];
-            const float a = x00[ch] == m ? rest : 0.0f;
-            rest -= a;
-            const float b = x01[ch] == m ? rest : 0.0f;
-            rest -= b;
-            const float e = x10[ch] == m ? rest : 0.0f;
-            rest -= e;
-            d00[ch] = a;
-            d01[ch] = b;
-            d10[ch] = e;
-            d11[ch] = rest;
+            const float a = x00[ch] == m ? 1.0f : 0.0f;
+            const float b = x01[ch] == m ? 1.0f - a : 0.0f;
+            const float e = x10[ch] == m ? 1.0f - a - b : 0.0f;
+            const float f = 1.0f - a - b - e;
+            d00[ch] = a > 0.0f ? g[ch] : 0.0f;
+            d01[ch] = b > 0.0f ? g[ch] : 0.0f;
+            d10[ch] = e > 0.0f ? g[ch] : 0.0f;
+            d11[ch] = f > 0.0f ? g[ch] : 0.0f;
           }
         }
       }

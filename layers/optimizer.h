@@ -34,6 +34,7 @@ class Optimizer {
   // the loss multiplies its gradient by; and host reads of scale and skipped steps.
   virtual const float* device_loss_scale() const { return nullptr; }
   virtual double loss_scale() const { return 1.0; }
+  virtual double min_loss_scale() const { return 1.0; }  // the scaler's floor
   virtual std::int64_t take_skipped_steps() { return 0; }  // since the last call
 
   // Named state tensors (moments, step count, loss scale), for checkpoints. Restoring

@@ -1,6 +1,7 @@
 // sequential.cpp: the model container, Keras-like summary, and the CPU training loop.
 #include "layers/sequential.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -101,30 +102,37 @@ std::string Sequential::architecture() const {
 }
 
 std::string Sequential::summary() const {
-  std::ostringstream os;
-  char line[160];
-  os << "Model: \"sequential\"\n";
-  const std::string rule(65, '_'), thick(65, '=');
-  os << rule << "\n";
-  std::snprintf(line, sizeof line, " %-28s %-25s %-10s\n", "Layer (type)", "Output Shape", "Param #");
-  os << line << thick << "\n";
-  std::vector<std::int64_t> dims{-1};
+  // Rows first, so the name column can be as wide as the longest "name (Type)".
+  std::vector<std::int64_t> dims{1};
   for (auto d : input_shape_.dims()) dims.push_back(d);
-  Shape s(std::vector<std::int64_t>(dims.size(), 1));
-  for (std::size_t i = 1; i < dims.size(); ++i) s[static_cast<int>(i)] = dims[i];
+  Shape s(dims);
+  struct Row {
+    std::string name, shape;
+    std::int64_t params;
+  };
+  std::vector<Row> rows;
   std::int64_t total = 0;
-  for (std::size_t i = 0; i < layers_.size(); ++i) {
-    Layer& l = *layers_[i];
-    s = l.output_shape(s);
+  std::size_t name_w = 28;
+  for (const auto& l : layers_) {
+    s = l->output_shape(s);
     std::string shape = "(None";
     for (int d = 1; d < s.rank(); ++d) shape += ", " + std::to_string(s[d]);
-    shape += ")";
-    const std::int64_t params = l.num_params();
+    const std::int64_t params = l->num_params();
     total += params;
-    const std::string name = l.name() + " (" + l.type() + ")";
-    std::snprintf(line, sizeof line, " %-28s %-25s %-10lld\n", name.c_str(), shape.c_str(),
-                  static_cast<long long>(params));
-    os << line << (i + 1 < layers_.size() ? "\n" : "");
+    rows.push_back({l->name() + " (" + l->type() + ")", shape + ")", params});
+    name_w = std::max(name_w, rows.back().name.size() + 2);
+  }
+  const int nw = static_cast<int>(name_w);
+  const std::string rule(name_w + 37, '_'), thick(name_w + 37, '=');
+  std::ostringstream os;
+  char line[256];
+  os << "Model: \"sequential\"\n" << rule << "\n";
+  std::snprintf(line, sizeof line, " %-*s%-25s%s\n", nw, "Layer (type)", "Output Shape", "Param #");
+  os << line << thick << "\n";
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    std::snprintf(line, sizeof line, " %-*s%-25s%lld\n", nw, rows[i].name.c_str(), rows[i].shape.c_str(),
+                  static_cast<long long>(rows[i].params));
+    os << line << (i + 1 < rows.size() ? "\n" : "");
   }
   os << thick << "\n";
   auto with_commas = [](std::int64_t v) {
@@ -304,10 +312,15 @@ Tensor Sequential::predict(const Tensor& x, std::int64_t batch_size) {
     throw std::invalid_argument("predict: expected images of shape (N, " + std::to_string(input_shape_[0]) + ", " +
                                 std::to_string(input_shape_[1]) + ", " + std::to_string(input_shape_[2]) + "), got " +
                                 x.shape().str());
+  if (batch_size < 1) throw std::invalid_argument("predict: batch size must be at least 1");
   const Tensor xh = x.is_cpu() ? x : x.to(Device::kCpu);
   set_training(false);
   std::vector<float> out;
-  std::int64_t classes = 0;
+  std::vector<std::int64_t> dims{0};
+  for (auto d : input_shape_.dims()) dims.push_back(d);
+  Shape s(dims);
+  for (const auto& l : layers_) s = l->output_shape(s);
+  const std::int64_t classes = s[1];
   for (std::int64_t b0 = 0; b0 < xh.dim(0); b0 += batch_size) {
     Tensor xb = xh.slice(b0, std::min(xh.dim(0), b0 + batch_size));
     if (device_ == Device::kGpu) {
@@ -315,7 +328,6 @@ Tensor Sequential::predict(const Tensor& x, std::int64_t batch_size) {
       if (compute_dtype_ == DType::kF16) xb = xb.to(DType::kF16);
     }
     const Tensor p = softmax(forward(xb));
-    classes = p.dim(1);
     const std::vector<float> v = p.to_vector();
     out.insert(out.end(), v.begin(), v.end());
   }

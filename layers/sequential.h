@@ -125,6 +125,10 @@ class Sequential {
   // [0, 1], (N, H, W, C) on the host.
   Tensor predict(const Tensor& x, std::int64_t batch_size = 1000);
 
+  // One line on how the last GPU fit ran its steps (pipeline, CUDA graph and its node
+  // count), for --verbose; empty before a GPU fit.
+  std::string gpu_training_info() const;
+
  private:
   History fit_cpu(const data::Dataset& train, const data::Dataset* validation, const FitOptions& options,
                   const FitCallbacks& callbacks);
@@ -137,7 +141,13 @@ class Sequential {
   Device device_ = Device::kCpu;
   DType compute_dtype_ = DType::kF32;
   std::unique_ptr<Optimizer> optimizer_;
-  std::unique_ptr<GpuTrainer> gpu_;
+  // Deleted through the function sequential_gpu.cu sets with the trainer: sequential.cpp,
+  // which defines Sequential's destructor and moves, only sees GpuTrainer declared.
+  std::unique_ptr<GpuTrainer, void (*)(GpuTrainer*)> gpu_{nullptr, nullptr};
 };
+
+#if !MF_WITH_CUDA
+inline std::string Sequential::gpu_training_info() const { return ""; }  // no GPU trainer in this build
+#endif
 
 }  // namespace mf

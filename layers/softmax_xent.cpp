@@ -29,7 +29,7 @@ void softmax_xent(const Tensor& logits, const Tensor& labels, Tensor& stats, Ten
   if (logits.is_gpu()) {
     launch_softmax_xent(logits.raw(), logits.dtype() == DType::kF16, labels.data<std::int32_t>(), n, k,
                         dlogits ? dlogits->raw() : nullptr, grad_scale / static_cast<float>(n), scale,
-                        stats.data<float>(), nullptr);
+                        stats.data<float>(), compute_stream());
     return;
   }
   if (logits.dtype() != DType::kF32) throw std::invalid_argument("softmax_xent on the CPU takes f32 logits");

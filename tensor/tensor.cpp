@@ -108,8 +108,9 @@ void Tensor::copy_from(const Tensor& src) {
     std::memmove(raw(), src.raw(), nbytes());
     return;
   }
-  copy_from_async(src, nullptr);
-  gpu_stream_synchronize(nullptr);
+  // On the compute stream, so the copy comes after the kernels that wrote src.
+  copy_from_async(src, compute_stream());
+  gpu_stream_synchronize(compute_stream());
 }
 
 void Tensor::copy_from_async(const Tensor& src, GpuStream stream) {
@@ -130,8 +131,8 @@ void Tensor::fill_zero() {
     std::memset(raw(), 0, nbytes());
     return;
   }
-  gpu_memset_async(raw(), 0, nbytes(), nullptr);
-  gpu_stream_synchronize(nullptr);
+  gpu_memset_async(raw(), 0, nbytes(), compute_stream());
+  gpu_stream_synchronize(compute_stream());
 }
 
 void Tensor::fill_zero_async(GpuStream stream) {
@@ -167,10 +168,11 @@ Tensor Tensor::to(DType dtype) const {
     }
     return t;
   }
-  if (dtype_ == DType::kF32) launch_cast_f32_to_f16(data<float>(), t.data<Half>(), n, nullptr);
-  else if (dtype_ == DType::kF16) launch_cast_f16_to_f32(data<Half>(), t.data<float>(), n, nullptr);
-  else launch_cast_u8_to_f32(data<std::uint8_t>(), t.data<float>(), n, 1.0f, nullptr);
-  gpu_stream_synchronize(nullptr);
+  const GpuStream s = compute_stream();
+  if (dtype_ == DType::kF32) launch_cast_f32_to_f16(data<float>(), t.data<Half>(), n, s);
+  else if (dtype_ == DType::kF16) launch_cast_f16_to_f32(data<Half>(), t.data<float>(), n, s);
+  else launch_cast_u8_to_f32(data<std::uint8_t>(), t.data<float>(), n, 1.0f, s);
+  gpu_stream_synchronize(s);
   return t;
 }
 

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -16,6 +17,11 @@
   do {                                                                        \
     if (!::mf::gpu_available()) GTEST_SKIP() << ::mf::gpu_status().reason;     \
   } while (0)
+
+namespace mf {
+// GoogleTest prints a Shape in failure messages as "(2, 28, 28, 1)" (found by ADL).
+inline void PrintTo(const Shape& s, std::ostream* os) { *os << s.str(); }
+}  // namespace mf
 
 namespace mf::testing {
 

@@ -1,0 +1,270 @@
+// bias_act.cu: the bias + ReLU epilogue of a convolution or GEMM, forward and backward.
+//
+// Activations are NHWC, so a tensor of n elements is rows = n / C rows of C contiguous
+// channels, and the bias of element i is bias[i % C]. Storage is f32 or f16 (__half);
+// arithmetic is always f32.
+#include <cuda_fp16.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+
+#include "kernels/cuda_check.h"
+#include "kernels/launchers.h"
+
+namespace mf {
+
+namespace {
+
+constexpr int kBlock = 256;
+constexpr std::int64_t kMaxBlocks = 4096;  // grid-stride loops cover the rest
+constexpr int kWarp = 32;
+
+bool aligned(const void* p, std::size_t bytes) { return reinterpret_cast<std::uintptr_t>(p) % bytes == 0; }
+
+// Streaming multiprocessors of the current device (132 on an H200), asked once: the
+// backward reduction sizes its grid by it.
+int sm_count() {
+  static const int count = [] {
+    int dev = 0, sms = 0;
+    MF_GPU_CHECK(cudaGetDevice(&dev));
+    MF_GPU_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    return std::max(sms, 1);
+  }();
+  return count;
+}
+
+__device__ __forceinline__ float to_f32(float x) { return x; }
+__device__ __forceinline__ float to_f32(__half x) { return __half2float(x); }
+template <class T> __device__ __forceinline__ T from_f32(float x);
+template <> __device__ __forceinline__ float from_f32<float>(float x) { return x; }
+template <> __device__ __forceinline__ __half from_f32<__half>(float x) { return __float2half_rn(x); }
+
+// N elements of T moved as one memory access of sizeof(T) * N bytes (16 for float x 4 or
+// half x 8: one 128-bit load per thread, the widest there is). The pointer must be
+// aligned to that size; the launchers check and fall back to N = 1.
+template <int kBytes> struct Word;
+template <> struct Word<16> { using type = uint4; };
+template <> struct Word<8> { using type = uint2; };
+template <> struct Word<4> { using type = unsigned int; };
+template <> struct Word<2> { using type = unsigned short; };
+template <class T, int N> struct Vec {
+  T v[N];
+};
+template <class T, int N> __device__ __forceinline__ Vec<T, N> load_vec(const T* p) {
+  using W = typename Word<sizeof(T) * N>::type;
+  const W w = *reinterpret_cast<const W*>(p);
+  Vec<T, N> r;
+  memcpy(&r, &w, sizeof w);  // a register move: reinterprets the word as N elements
+  return r;
+}
+template <class T, int N> __device__ __forceinline__ void store_vec(T* p, const Vec<T, N>& r) {
+  using W = typename Word<sizeof(T) * N>::type;
+  W w;
+  memcpy(&w, &r, sizeof w);
+  *reinterpret_cast<W*>(p) = w;
+}
+
+// ---- forward ----
+// y is seen as n / N vectors of N consecutive elements; N divides C, so a vector never
+// straddles two rows and its channels are c0 .. c0 + N - 1 with c0 = (i * N) % C. One thread
+// per vector, grid-stride: neighbouring threads touch neighbouring 16-byte chunks, so a
+// warp reads and writes 512 contiguous bytes. The bias (C <= a few hundred values) stays
+// in L1 after the first touch.
+template <class T, int N>
+__global__ void bias_act_forward_kernel(T* y, const T* __restrict__ bias, std::int64_t n_vec, std::int64_t channels,
+                                        bool relu) {
+  const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
+  for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n_vec; i += stride) {
+    Vec<T, N> r = load_vec<T, N>(y + i * N);
+    const std::int64_t c0 = (i * N) % channels;
+#pragma unroll
+    for (int k = 0; k < N; ++k) {
+      float z = to_f32(r.v[k]) + to_f32(bias[c0 + k]);
+      if (relu) z = z > 0.0f ? z : 0.0f;
+      r.v[k] = from_f32<T>(z);
+    }
+    store_vec<T, N>(y + i * N, r);
+  }
+}
+
+template <class T, int N>
+void bias_act_forward(T* y, const T* bias, std::int64_t n, std::int64_t channels, bool relu, cudaStream_t stream) {
+  const std::int64_t n_vec = n / N;
+  const int blocks = static_cast<int>(std::clamp<std::int64_t>((n_vec + kBlock - 1) / kBlock, 1, kMaxBlocks));
+  bias_act_forward_kernel<T, N><<<blocks, kBlock, 0, stream>>>(y, bias, n_vec, channels, relu);
+  MF_CHECK_LAUNCH();
+}
+
+// ---- backward ----
+// The bias gradient is a column sum over all rows of dz (rows = N*H*W, up to 1024*26*26),
+// so it is done in two levels: each block sums a slice of the rows for a tile of columns
+// in registers and shared memory, then adds its per-channel partial sums to the result
+// with atomics (a few hundred blocks x C channels: cheap next to the data read).
+//
+// f16 db must not be accumulated in f16 across blocks (each partial would be rounded to
+// 11 bits), so for f16 the blocks add their f32 partials into this scratch instead, and
+// the last block to finish adds the totals to db and leaves the scratch zero for the next
+// launch: one kernel, no allocation, replayable in a CUDA graph. The scratch is shared by
+// all launches, so f16 launches must not run concurrently on two streams (all of
+// microflow's GPU work is queued on the one compute stream).
+constexpr int kScratchChannels = 1024;
+__device__ float g_db_scratch[kScratchChannels];  // zero between launches
+__device__ unsigned int g_blocks_done;             // zero between launches
+
+// Thread mapping. U = width / N vector columns (N channels each). The block is
+// (bx, by) = (bx, 256 / bx) with bx a power of two >= min(U, 32): thread (tx, ty) owns
+// vector column u = blockIdx.y * bx + tx and rows ty, ty + by, ... of the block's slice
+// (blockIdx.x; the slices interleave with stride gridDim.x * by). Consecutive threads of
+// a warp read consecutive vectors of one row, then of the next rows: coalesced.
+//
+// Each thread keeps N running sums in registers. The 32 / bx threads of a warp that own
+// the same column (lanes tx, tx + bx, ...) are combined with shuffles, the 8 warps through
+// shared memory, and then one atomic per channel and block.
+//
+// `ld` is the row length in vectors (channels / N) and `width` the number of channels this
+// launch covers (a slice of at most kScratchChannels columns; all of them for the MNIST
+// model's layers).
+template <class T, int N, bool kHalfDb>
+__global__ void bias_act_backward_kernel(const T* y, const T* dy, T* dz, float* db_f32, __half* db_f16,
+                                         std::int64_t rows, std::int64_t ld, std::int64_t width, bool relu) {
+  __shared__ float partial[kBlock / kWarp][kWarp * N];  // [warp][tx * N + k]
+  const int bx = blockDim.x, tx = threadIdx.x, ty = threadIdx.y;
+  const int tid = ty * bx + tx, lane = tid % kWarp, warp = tid / kWarp;
+  const std::int64_t u = static_cast<std::int64_t>(blockIdx.y) * bx + tx;
+  const std::int64_t width_vec = width / N;
+  const bool active = u < width_vec;
+
+  float acc[N];
+#pragma unroll
+  for (int k = 0; k < N; ++k) acc[k] = 0.0f;
+  if (active) {
+    const std::int64_t row_stride = static_cast<std::int64_t>(gridDim.x) * blockDim.y;
+    for (std::int64_t r = static_cast<std::int64_t>(blockIdx.x) * blockDim.y + ty; r < rows; r += row_stride) {
+      const std::int64_t at = (r * ld + u) * N;  // element offset of this vector
+      Vec<T, N> g = load_vec<T, N>(dy + at);
+      if (relu) {
+        const Vec<T, N> out = load_vec<T, N>(y + at);
+#pragma unroll
+        for (int k = 0; k < N; ++k)  // ReLU passes the gradient where the output was positive
+          if (!(to_f32(out.v[k]) > 0.0f)) g.v[k] = from_f32<T>(0.0f);
+      }
+      store_vec<T, N>(dz + at, g);  // dz may be dy itself: this thread read it just above
+#pragma unroll
+      for (int k = 0; k < N; ++k) acc[k] += to_f32(g.v[k]);
+    }
+  }
+  // Lanes tx, tx + bx, tx + 2 bx, ... of a warp own the same column: fold them together.
+  for (int offset = bx; offset < kWarp; offset *= 2)
+#pragma unroll
+    for (int k = 0; k < N; ++k) acc[k] += __shfl_xor_sync(0xffffffffu, acc[k], offset);
+  if (lane < bx)
+#pragma unroll
+    for (int k = 0; k < N; ++k) partial[warp][lane * N + k] = acc[k];
+  __syncthreads();
+
+  // Threads 0 .. bx * N - 1 each finish one channel: the sum over the block's warps.
+  const int warps = (bx * blockDim.y) / kWarp;
+  const std::int64_t c = static_cast<std::int64_t>(blockIdx.y) * bx * N + tid;  // channel within the slice
+  if (tid < bx * N && c < width) {
+    float s = 0.0f;
+    for (int w = 0; w < warps; ++w) s += partial[w][tid];
+    if (kHalfDb) atomicAdd(&g_db_scratch[c], s);
+    else atomicAdd(&db_f32[c], s);
+  }
+  if (!kHalfDb) return;
+
+  // Last-block-done: the fence orders this block's atomics before its count, so the
+  // block that counts last sees every partial in the scratch.
+  __threadfence();
+  __syncthreads();
+  __shared__ bool last;
+  if (tid == 0) last = atomicAdd(&g_blocks_done, 1u) == gridDim.x * gridDim.y - 1;
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  for (std::int64_t ch = tid; ch < width; ch += bx * blockDim.y) {
+    const float total = atomicExch(&g_db_scratch[ch], 0.0f);  // read and re-zero
+    db_f16[ch] = __float2half_rn(__half2float(db_f16[ch]) + total);
+  }
+  if (tid == 0) g_blocks_done = 0;
+}
+
+// Launches one column slice (at most kScratchChannels channels, starting at channel c0)
+// with N-wide vectors.
+template <class T, int N, bool kHalfDb>
+void bias_act_backward_slice(const T* y, const T* dy, T* dz, T* db, std::int64_t rows, std::int64_t channels,
+                             std::int64_t c0, std::int64_t width, bool relu, cudaStream_t stream) {
+  const std::int64_t width_vec = width / N;
+  int bx = 1;
+  while (bx < kWarp && bx < width_vec) bx *= 2;
+  const int by = kBlock / bx;
+  const std::int64_t tiles = (width_vec + bx - 1) / bx;  // <= kScratchChannels / 32
+  // About two blocks per SM in all: enough loads in flight to stream the tensor, few
+  // enough that the atomics (blocks x channels) stay negligible.
+  const std::int64_t target = std::max<std::int64_t>(1, 2 * sm_count() / tiles);
+  const std::int64_t slices = std::clamp<std::int64_t>((rows + by - 1) / by, 1, target);
+  const dim3 grid(static_cast<unsigned>(slices), static_cast<unsigned>(tiles));
+  const dim3 block(static_cast<unsigned>(bx), static_cast<unsigned>(by));
+  float* db_f32 = nullptr;
+  __half* db_f16 = nullptr;
+  if constexpr (kHalfDb) db_f16 = db + c0;
+  else db_f32 = db + c0;
+  bias_act_backward_kernel<T, N, kHalfDb><<<grid, block, 0, stream>>>(y + c0, dy + c0, dz + c0, db_f32, db_f16,
+                                                                      rows, channels / N, width, relu);
+  MF_CHECK_LAUNCH();
+}
+
+// Splits the channels into slices of at most kScratchChannels (one slice for every layer
+// of the MNIST model; the f16 scratch bounds a slice, and it keeps grid.y small) and
+// picks N-wide vectors when the channel count and all three pointers allow it, else 1.
+template <class T, int N, bool kHalfDb>
+void bias_act_backward(const T* y, const T* dy, T* dz, T* db, std::int64_t rows, std::int64_t channels, bool relu,
+                       cudaStream_t stream) {
+  const bool vec = channels % N == 0 && aligned(y, 16) && aligned(dy, 16) && aligned(dz, 16);
+  for (std::int64_t c0 = 0; c0 < channels; c0 += kScratchChannels) {
+    const std::int64_t width = std::min<std::int64_t>(kScratchChannels, channels - c0);
+    if (vec)  // c0 is a multiple of kScratchChannels, so the slices stay 16-byte aligned
+      bias_act_backward_slice<T, N, kHalfDb>(y, dy, dz, db, rows, channels, c0, width, relu, stream);
+    else
+      bias_act_backward_slice<T, 1, kHalfDb>(y, dy, dz, db, rows, channels, c0, width, relu, stream);
+  }
+}
+
+}  // namespace
+
+void launch_bias_act_forward(void* y, const void* bias, bool half, std::int64_t n, std::int64_t channels, bool relu,
+                             GpuStream stream) {
+  if (n <= 0 || channels <= 0) return;
+  if (half) {
+    auto* yh = static_cast<__half*>(y);
+    const auto* bh = static_cast<const __half*>(bias);
+    if (channels % 8 == 0 && n % 8 == 0 && aligned(y, 16))
+      bias_act_forward<__half, 8>(yh, bh, n, channels, relu, stream);
+    else
+      bias_act_forward<__half, 1>(yh, bh, n, channels, relu, stream);
+  } else {
+    auto* yf = static_cast<float*>(y);
+    const auto* bf = static_cast<const float*>(bias);
+    if (channels % 4 == 0 && n % 4 == 0 && aligned(y, 16))
+      bias_act_forward<float, 4>(yf, bf, n, channels, relu, stream);
+    else
+      bias_act_forward<float, 1>(yf, bf, n, channels, relu, stream);
+  }
+}
+
+void launch_bias_act_backward(const void* y, const void* dy, void* dz, void* db, bool half, std::int64_t rows,
+                              std::int64_t channels, bool relu, GpuStream stream) {
+  if (rows <= 0 || channels <= 0) return;
+  if (!relu) y = dy;  // not read; any valid pointer keeps the alignment test simple
+  if (half)
+    bias_act_backward<__half, 8, true>(static_cast<const __half*>(y), static_cast<const __half*>(dy),
+                                       static_cast<__half*>(dz), static_cast<__half*>(db), rows, channels, relu,
+                                       stream);
+  else
+    bias_act_backward<float, 4, false>(static_cast<const float*>(y), static_cast<const float*>(dy),
+                                       static_cast<float*>(dz), static_cast<float*>(db), rows, channels, relu,
+                                       stream);
+}
+
+}  // namespace mf

@@ -1,0 +1,454 @@
+// test_train_gpu.cpp: the GPU training loop: replaying the step as a CUDA graph gives the
+// same model as running it eagerly, the three input pipelines give the same model, device
+// memory limits fail with a useful message, a short fit learns, FP16 lands within 0.3
+// points of FP32, and the FP16 loss scaler skips (and, when hopeless, stops on) inf/NaN
+// gradients. Skipped where there is no GPU.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <limits>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "data/mnist.h"
+#include "kernels/device_allocator.h"
+#include "kernels/errors.h"
+#include "kernels/gpu_runtime.h"
+#include "layers/conv_options.h"
+#include "layers/dense.h"
+#include "layers/sequential.h"
+#include "optim/adam.h"
+#include "tensor/rng.h"
+#include "test/test_util.h"
+
+namespace {
+
+using mf::Device;
+using mf::DType;
+using mf::FitOptions;
+using mf::History;
+using mf::Pipeline;
+using mf::Sequential;
+using mf::Tensor;
+using mf::testing::all_close;
+using mf::testing::Tol;
+
+// Two models that run the very same kernels on the very same batches differ only where
+// kernels sum with atomics in an unspecified order (bias gradients, some cuDNN weight and
+// data gradient algorithms): ~1e-7 relative in a gradient, which Adam turns into ~1e-9 in a
+// weight per step (its update depends on the gradient's ratio to its running RMS, not its
+// size). 1e-5 absolute after ~20 steps is a wide margin; a step replayed with a stale
+// argument (a wrong batch, the old learning rate) moves weights by ~1e-3.
+constexpr Tol kSameStepsFp32{1e-5, 1e-4};
+// FP16 gradients are rounded to half after those sums, so an order difference can become one
+// f16 ulp (5e-4 relative) in a gradient: ~1e-6 in a weight per step.
+constexpr Tol kSameStepsFp16{1e-4, 1e-3};
+
+// Keeps the convolution settings a test needs and restores the previous ones. Models that
+// are compared choose cuDNN algorithms by the heuristics (deterministic for a shape; timing
+// could pick different algorithms for two models) with FMA-only FP32 math.
+class ConvOptionsGuard {
+ public:
+  ConvOptionsGuard(bool find, bool fma_only) : saved_(mf::conv_options()) {
+    mf::conv_options().find = find;
+    mf::conv_options().fma_math_only = fma_only;
+  }
+  ~ConvOptionsGuard() { mf::conv_options() = saved_; }
+  ConvOptionsGuard(const ConvOptionsGuard&) = delete;
+  ConvOptionsGuard& operator=(const ConvOptionsGuard&) = delete;
+
+ private:
+  mf::ConvOptions saved_;
+};
+
+class MemoryLimitGuard {
+ public:
+  explicit MemoryLimitGuard(std::size_t limit) : saved_(mf::DeviceAllocator::instance().limit()) {
+    mf::DeviceAllocator::instance().set_limit(limit);
+  }
+  ~MemoryLimitGuard() { mf::DeviceAllocator::instance().set_limit(saved_); }
+  MemoryLimitGuard(const MemoryLimitGuard&) = delete;
+  MemoryLimitGuard& operator=(const MemoryLimitGuard&) = delete;
+
+ private:
+  std::size_t saved_;
+};
+
+// 28x28 images whose class is where a bright 5x5 square sits (two rows of five places) on a
+// dim noisy background: a task the CNN learns in a few dozen steps.
+mf::data::Dataset synthetic(std::int64_t count, std::uint64_t seed) {
+  mf::data::Dataset d;
+  d.count = count, d.rows = 28, d.cols = 28;
+  d.images.resize(static_cast<std::size_t>(count * 28 * 28));
+  d.labels.resize(static_cast<std::size_t>(count));
+  mf::Rng rng(seed);
+  for (std::int64_t i = 0; i < count; ++i) {
+    const int label = static_cast<int>(rng.below(10));
+    d.labels[static_cast<std::size_t>(i)] = static_cast<std::uint8_t>(label);
+    std::uint8_t* img = d.images.data() + i * 28 * 28;
+    for (int p = 0; p < 28 * 28; ++p) img[p] = static_cast<std::uint8_t>(rng.below(40));
+    const int r0 = (label / 5) * 14 + 4, c0 = (label % 5) * 5 + 2;
+    for (int r = r0; r < r0 + 5; ++r)
+      for (int c = c0; c < c0 + 5; ++c) img[r * 28 + c] = static_cast<std::uint8_t>(200 + rng.below(56));
+  }
+  return d;
+}
+
+Sequential gpu_model(std::uint64_t seed, DType dtype, const mf::LossScalerConfig& scaler = {}) {
+  mf::Rng rng(seed);
+  Sequential m = Sequential::mnist_cnn(rng);
+  m.to(Device::kGpu);
+  if (dtype == DType::kF16) m.set_compute_dtype(DType::kF16);
+  m.compile(std::make_unique<mf::Adam>(mf::AdamConfig{}, scaler));
+  return m;
+}
+
+// Every parameter's f32 master value, in order.
+std::vector<double> weights_of(Sequential& m) {
+  mf::gpu_stream_synchronize(mf::compute_stream());  // Tensor::to copies on the legacy stream
+  std::vector<double> w;
+  for (mf::Parameter* p : m.parameters())
+    for (float v : p->value.to_vector()) w.push_back(v);
+  return w;
+}
+
+bool all_finite(const std::vector<double>& v) {
+  for (double x : v)
+    if (!std::isfinite(x)) return false;
+  return true;
+}
+
+std::string mnist_dir() {
+  const char* v = std::getenv("MF_MNIST_DIR");
+  return v ? v : "";
+}
+
+// ---- graph replay vs eager -----------------------------------------------------------------
+
+TEST(TrainGpu, GraphReplayEqualsEagerSteps) {
+  MF_SKIP_WITHOUT_GPU();
+  ConvOptionsGuard options(/*find=*/false, /*fma_only=*/true);
+  // 401 = 6 batches of 64 and a last one of 17; a validation set of 100 (one batch larger
+  // than 64: the first validation pass grows the layers' output buffers).
+  const mf::data::Dataset train = synthetic(401, 1), val = synthetic(100, 2);
+  FitOptions o;
+  o.epochs = 4;
+  o.batch_size = 64;
+  o.seed = 5;
+  Sequential graphed = gpu_model(7, DType::kF32), eager = gpu_model(7, DType::kF32);
+  ASSERT_EQ(weights_of(graphed), weights_of(eager));
+  // The learning rate halves after epoch 2, when the graphs would otherwise be kept: the
+  // replays must not go on with the old one, which is baked into the Adam launch.
+  const auto halve_after_second = [](Sequential& m) {
+    return [&m](const mf::EpochLog& e) {
+      if (e.epoch == 1) m.optimizer()->set_learning_rate(m.optimizer()->learning_rate() / 2);
+    };
+  };
+  mf::FitCallbacks cb;
+  o.use_graph = true;
+  cb.on_epoch_end = halve_after_second(graphed);
+  const History hg = graphed.fit(train, &val, o, cb);
+  o.use_graph = false;
+  cb.on_epoch_end = halve_after_second(eager);
+  const History he = eager.fit(train, &val, o, cb);
+
+  EXPECT_TRUE(all_close(weights_of(graphed), weights_of(eager), kSameStepsFp32));
+  ASSERT_EQ(hg.epochs.size(), 4u);
+  ASSERT_EQ(he.epochs.size(), 4u);
+  for (std::size_t e = 0; e < 4; ++e) {
+    EXPECT_EQ(hg.epochs[e].steps, 7);
+    EXPECT_EQ(hg.epochs[e].samples, 401);
+    EXPECT_NEAR(hg.epochs[e].loss, he.epochs[e].loss, 1e-5 * std::max(1.0, he.epochs[e].loss));
+    EXPECT_NEAR(hg.epochs[e].val_loss, he.epochs[e].val_loss, 1e-5 * std::max(1.0, he.epochs[e].val_loss));
+  }
+  // Epoch 1: batch 64 eager, captured, replayed 4 times; 17 eager; validation moves the
+  // layers' outputs: graphs dropped. Epoch 2: the same, and now validation reuses the
+  // buffers. Epoch 3: the new learning rate drops the graphs: as epoch 2. Epoch 4: 64
+  // replayed, 17 captured at its second eager-warmed occurrence.
+  const std::string info = graphed.gpu_training_info();
+  EXPECT_NE(info.find("CUDA graph"), std::string::npos) << info;
+  EXPECT_EQ(info.find("failed"), std::string::npos) << info;
+  EXPECT_NE(info.find("batch 64 -> "), std::string::npos) << info;
+  EXPECT_NE(info.find("batch 17 -> "), std::string::npos) << info;
+  EXPECT_NE(info.find("4 captures"), std::string::npos) << info;
+  EXPECT_NE(eager.gpu_training_info().find("eager"), std::string::npos) << eager.gpu_training_info();
+}
+
+// ---- the three pipelines -------------------------------------------------------------------
+
+void check_pipelines(DType dtype, Tol tol) {
+  ConvOptionsGuard options(/*find=*/false, /*fma_only=*/true);
+  const mf::data::Dataset train = synthetic(401, 3);
+  FitOptions o;
+  o.epochs = 2;
+  o.batch_size = 64;
+  o.seed = 11;
+  std::vector<std::vector<double>> weights;
+  std::vector<History> histories;
+  for (Pipeline p : {Pipeline::kResident, Pipeline::kPrefetch, Pipeline::kNaive}) {
+    SCOPED_TRACE(mf::pipeline_name(p));
+    Sequential m = gpu_model(13, dtype);
+    o.pipeline = p;
+    histories.push_back(m.fit(train, nullptr, o));
+    weights.push_back(weights_of(m));
+    const std::string info = m.gpu_training_info();
+    EXPECT_NE(info.find(mf::pipeline_name(p)), std::string::npos) << info;
+    EXPECT_NE(info.find("batch 64 -> "), std::string::npos) << info;  // the compute part as a graph
+    EXPECT_EQ(info.find("failed"), std::string::npos) << info;
+  }
+  for (std::size_t i = 1; i < weights.size(); ++i) {
+    SCOPED_TRACE(i == 1 ? "prefetch vs resident" : "naive vs resident");
+    EXPECT_TRUE(all_close(weights[i], weights[0], tol));
+    for (std::size_t e = 0; e < histories[0].epochs.size(); ++e)
+      EXPECT_NEAR(histories[i].epochs[e].loss, histories[0].epochs[e].loss, 1e-4);
+  }
+}
+
+TEST(TrainGpu, PipelinesGiveTheSameModelFp32) {
+  MF_SKIP_WITHOUT_GPU();
+  check_pipelines(DType::kF32, kSameStepsFp32);
+}
+TEST(TrainGpu, PipelinesGiveTheSameModelFp16) {
+  MF_SKIP_WITHOUT_GPU();
+  check_pipelines(DType::kF16, kSameStepsFp16);
+}
+
+TEST(TrainGpu, StopRequestEndsTheEpochAfterThatStep) {
+  MF_SKIP_WITHOUT_GPU();
+  const mf::data::Dataset train = synthetic(640, 4);
+  for (Pipeline p : {Pipeline::kResident, Pipeline::kPrefetch, Pipeline::kNaive}) {
+    SCOPED_TRACE(mf::pipeline_name(p));
+    Sequential m = gpu_model(17, DType::kF32);
+    FitOptions o;
+    o.epochs = 2;
+    o.pipeline = p;
+    int calls = 0;
+    mf::FitCallbacks cb;
+    cb.should_stop = [&] { return ++calls == 3; };
+    const History h = m.fit(train, nullptr, o, cb);
+    EXPECT_TRUE(h.interrupted);
+    EXPECT_EQ(h.completed_epochs, 0);
+    ASSERT_EQ(h.epochs.size(), 1u);
+    EXPECT_EQ(h.epochs[0].steps, 3);
+    EXPECT_EQ(h.epochs[0].samples, 3 * 64);
+  }
+}
+
+TEST(TrainGpu, ProgressReportsRunningMeans) {
+  MF_SKIP_WITHOUT_GPU();
+  const mf::data::Dataset train = synthetic(300, 5);  // 4 full batches of 64 and one of 44
+  Sequential m = gpu_model(19, DType::kF32);
+  FitOptions o;
+  o.epochs = 1;
+  o.progress_interval_s = 0;  // every step
+  std::vector<mf::Progress> seen;
+  int epoch_ends = 0;
+  mf::FitCallbacks cb;
+  cb.on_progress = [&](const mf::Progress& p) { seen.push_back(p); };
+  cb.on_epoch_end = [&](const mf::EpochLog& e) {
+    ++epoch_ends;
+    EXPECT_TRUE(std::isnan(e.val_loss));  // no validation set
+  };
+  const History h = m.fit(train, nullptr, o, cb);
+  ASSERT_EQ(seen.size(), 5u);
+  for (std::size_t i = 0; i < seen.size(); ++i) {
+    EXPECT_EQ(seen[i].step, static_cast<std::int64_t>(i + 1));
+    EXPECT_EQ(seen[i].steps, 5);
+    EXPECT_TRUE(std::isfinite(seen[i].loss));
+    EXPECT_GE(seen[i].accuracy, 0.0);
+    EXPECT_LE(seen[i].accuracy, 1.0);
+  }
+  EXPECT_EQ(epoch_ends, 1);
+  ASSERT_EQ(h.epochs.size(), 1u);
+  EXPECT_NEAR(seen.back().loss, h.epochs[0].loss, 1e-6 * std::max(1.0, h.epochs[0].loss));
+  EXPECT_EQ(h.epochs[0].samples, 300);
+  EXPECT_EQ(h.epochs[0].loss_scale, 1.0);
+  EXPECT_EQ(h.epochs[0].skipped_steps, 0);
+  EXPECT_GT(h.epochs[0].train_seconds, 0.0);
+}
+
+// ---- evaluation ----------------------------------------------------------------------------
+
+TEST(TrainGpu, EvaluateMatchesTheCpu) {
+  MF_SKIP_WITHOUT_GPU();
+  ConvOptionsGuard options(/*find=*/true, /*fma_only=*/true);
+  const mf::data::Dataset d = synthetic(777, 6);  // batches of 250: three full, one of 27
+  mf::Rng rng(23);
+  Sequential m = Sequential::mnist_cnn(rng);
+  const mf::EvalResult cpu = m.evaluate(d, 250);
+  m.to(Device::kGpu);
+  const mf::EvalResult gpu = m.evaluate(d, 250);
+  EXPECT_EQ(gpu.count, 777);
+  // The mean loss differs by summation order (~1e-6); a prediction can only flip where two
+  // logits tie to ~1e-6, which an untrained model's random logits almost never do.
+  EXPECT_NEAR(gpu.loss, cpu.loss, 1e-5 * std::max(1.0, cpu.loss));
+  EXPECT_NEAR(gpu.accuracy, cpu.accuracy, 2.0 / 777);
+  const mf::EvalResult again = m.evaluate(d, 100);  // cached device copy, another batch size
+  EXPECT_NEAR(again.loss, gpu.loss, 1e-5 * std::max(1.0, gpu.loss));
+}
+
+// ---- device memory -------------------------------------------------------------------------
+
+TEST(TrainGpu, MemoryLimitNamesTheTensorAndSuggestsAFix) {
+  MF_SKIP_WITHOUT_GPU();
+  mf::DeviceAllocator& a = mf::DeviceAllocator::instance();
+  {
+    MemoryLimitGuard limit(a.in_use() + (1u << 20));
+    try {
+      Tensor::empty({1024, 1024, 16}, DType::kF32, Device::kGpu);  // 64 MiB
+      FAIL() << "a 64 MiB tensor under a 1 MiB allowance did not throw";
+    } catch (const mf::OutOfMemoryError& e) {
+      const std::string msg = e.what();
+      EXPECT_NE(msg.find("f32 (1024, 1024, 16)"), std::string::npos) << msg;
+      EXPECT_NE(msg.find("64.0 MiB"), std::string::npos) << msg;
+      EXPECT_NE(msg.find("--batch-size"), std::string::npos) << msg;
+      EXPECT_NE(msg.find("--fp16"), std::string::npos) << msg;
+      EXPECT_EQ(e.requested(), 64u << 20);
+      EXPECT_GT(e.limit(), 0u);
+    }
+  }
+  // A whole model at a batch too big for the limit: the first layer's output, 4096 x 26 x 26
+  // x 32 f32 = 338 MiB, is what does not fit.
+  mf::Rng rng(29);
+  Sequential m = Sequential::mnist_cnn(rng);
+  m.to(Device::kGpu);
+  const Tensor x = Tensor::zeros({4096, 28, 28, 1}).to(Device::kGpu);
+  MemoryLimitGuard limit(a.in_use() + (8u << 20));
+  try {
+    m.forward(x);
+    FAIL() << "a batch of 4096 under an 8 MiB allowance did not throw";
+  } catch (const mf::OutOfMemoryError& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("f32 (4096, 26, 26, 32)"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("--batch-size"), std::string::npos) << msg;
+  }
+}
+
+// ---- learning --------------------------------------------------------------------------------
+
+TEST(TrainGpu, ShortFitLearns) {
+  MF_SKIP_WITHOUT_GPU();
+  // Real MNIST when there (1 epoch on 12,000 images, test on 10,000: ~95 %), else 2 epochs on
+  // 4,096 synthetic images. Chance is 10 %; 90 % is far above it and below what either
+  // reaches.
+  mf::data::Dataset train, test;
+  int epochs = 1;
+  const std::string dir = mnist_dir();
+  if (!dir.empty()) {
+    const mf::data::Mnist mnist = mf::data::load_mnist(dir);
+    train = mf::data::subset(mnist.train, 0, 12000);
+    test = mnist.test;
+  } else {
+    train = synthetic(4096, 7);
+    test = synthetic(1000, 8);
+    epochs = 2;
+  }
+  Sequential m = gpu_model(31, DType::kF32);
+  FitOptions o;
+  o.epochs = epochs;
+  const History h = m.fit(train, nullptr, o);
+  ASSERT_EQ(h.epochs.size(), static_cast<std::size_t>(epochs));
+  EXPECT_EQ(h.epochs[0].steps, (train.count + 63) / 64);
+  EXPECT_LT(h.epochs.back().loss, h.epochs[0].loss + 1e-9);
+  const mf::EvalResult r = m.evaluate(test);
+  EXPECT_GT(r.accuracy, 0.9) << "test loss " << r.loss;
+}
+
+TEST(TrainGpu, Fp16WithinPointThreeOfFp32) {
+  MF_SKIP_WITHOUT_GPU();
+  // 1 epoch on the first 12,000 MNIST training images, batch 64, seed 0, the same initial
+  // weights; test on all 10,000. Both reach ~95 %; FP16 rounding changes the path a little,
+  // so the two disagree on ~1-2 % of the test images, and the accuracies' difference has a
+  // spread of ~0.1 point: 0.3 point is ~3 of those.
+  const std::string dir = mnist_dir();
+  if (dir.empty()) GTEST_SKIP() << "MF_MNIST_DIR is not set: this comparison needs real MNIST";
+  const mf::data::Mnist mnist = mf::data::load_mnist(dir);
+  const mf::data::Dataset train = mf::data::subset(mnist.train, 0, 12000);
+  FitOptions o;
+  o.epochs = 1;
+  double accuracy[2];
+  for (int i = 0; i < 2; ++i) {
+    Sequential m = gpu_model(37, i ? DType::kF16 : DType::kF32);
+    const History h = m.fit(train, nullptr, o);
+    ASSERT_EQ(h.epochs.size(), 1u);
+    if (i) {
+      EXPECT_LT(h.epochs[0].skipped_steps, h.epochs[0].steps / 10);  // a few, at the start
+    }
+    accuracy[i] = m.evaluate(mnist.test).accuracy;
+  }
+  EXPECT_GT(accuracy[0], 0.9);
+  EXPECT_NEAR(accuracy[1], accuracy[0], 0.003) << "fp32 " << accuracy[0] << ", fp16 " << accuracy[1];
+}
+
+// ---- the FP16 loss scaler --------------------------------------------------------------------
+
+TEST(TrainGpu, LossScalerSkipsOverflowingStepsFp16) {
+  MF_SKIP_WITHOUT_GPU();
+  // A loss scale of 2^24: d loss / d logits of the label's class is (p - 1) / 64 * 2^24, about
+  // -2.4e5 at the start (p ~ 0.1), beyond f16's 65504, so the first steps overflow and are
+  // skipped, halving the scale each time. Skips stop by the time the scale is back near the
+  // default 2^16 (at most ~8 halvings), well inside the 32 steps.
+  mf::LossScalerConfig scaler;
+  scaler.initial_scale = 16777216.0f;
+  Sequential m = gpu_model(41, DType::kF16, scaler);
+  const mf::data::Dataset train = synthetic(2048, 9);
+  FitOptions o;
+  o.epochs = 1;
+  const History h = m.fit(train, nullptr, o);
+  ASSERT_EQ(h.epochs.size(), 1u);
+  const mf::EpochLog& e = h.epochs[0];
+  EXPECT_EQ(e.steps, 32);
+  EXPECT_GE(e.skipped_steps, 2);  // 2^24 and 2^23 overflow d logits themselves
+  EXPECT_LT(e.skipped_steps, e.steps);
+  EXPECT_LE(e.loss_scale, 4194304.0);  // at most 2^22 after two halvings (no growth: interval 2000)
+  EXPECT_TRUE(std::isfinite(e.loss));
+  EXPECT_TRUE(all_finite(weights_of(m)));  // skipped steps leave the weights alone
+}
+
+TEST(TrainGpu, HopelessFp16GradientsStopTraining) {
+  MF_SKIP_WITHOUT_GPU();
+  // An infinite weight in the last layer makes every logit row inf/NaN, so every gradient is
+  // NaN whatever the scale: all 16 steps are skipped and fit must stop, not carry on.
+  mf::Rng rng(43);
+  Sequential m = Sequential::mnist_cnn(rng);
+  auto& last = dynamic_cast<mf::Dense&>(*m.layers().back());
+  last.weight().value.data<float>()[0] = std::numeric_limits<float>::infinity();
+  m.to(Device::kGpu);
+  m.set_compute_dtype(DType::kF16);
+  m.compile(std::make_unique<mf::Adam>());
+  FitOptions o;
+  o.epochs = 1;
+  try {
+    m.fit(synthetic(1024, 10), nullptr, o);
+    FAIL() << "training went on with gradients that are never finite";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("no loss scale keeps the FP16 gradients finite"), std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(TrainGpu, NanLossStopsFp32Training) {
+  MF_SKIP_WITHOUT_GPU();
+  mf::Rng rng(47);
+  Sequential m = Sequential::mnist_cnn(rng);
+  auto& last = dynamic_cast<mf::Dense&>(*m.layers().back());
+  last.weight().value.data<float>()[0] = std::numeric_limits<float>::quiet_NaN();
+  m.to(Device::kGpu);
+  m.compile(std::make_unique<mf::Adam>());
+  FitOptions o;
+  o.epochs = 1;
+  try {
+    m.fit(synthetic(256, 11), nullptr, o);
+    FAIL() << "a NaN loss did not stop training";
+  } catch (const mf::NonFiniteLossError& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("NaN"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("epoch 1"), std::string::npos) << msg;
+  }
+}
+
+}  // namespace
