@@ -31,6 +31,7 @@ class Adam final : public Optimizer {
   std::int64_t iterations() const override;
   const float* device_loss_scale() const override;
   double loss_scale() const override;
+  double min_loss_scale() const override { return scaler_config_.min_scale; }
   std::int64_t take_skipped_steps() override;
   std::vector<std::pair<std::string, Tensor>> state() override;
 
