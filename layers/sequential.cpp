@@ -195,6 +195,9 @@ History Sequential::fit(const data::Dataset& train, const data::Dataset* validat
   if (Shape{train.rows, train.cols, 1} != input_shape_)
     throw std::invalid_argument("fit: images are " + std::to_string(train.rows) + "x" + std::to_string(train.cols) +
                                 ", the model takes " + input_shape_.str());
+  if (validation && validation->count > 0 && Shape{validation->rows, validation->cols, 1} != input_shape_)
+    throw std::invalid_argument("fit: validation images are " + std::to_string(validation->rows) + "x" +
+                                std::to_string(validation->cols) + ", the model takes " + input_shape_.str());
   return device_ == Device::kGpu ? fit_gpu(train, validation, options, callbacks)
                                  : fit_cpu(train, validation, options, callbacks);
 }

@@ -81,10 +81,10 @@ void ThreadPool::dispatch(int tasks, const std::function<void(int)>& task) {
   while (pending_.load(std::memory_order_acquire) != 0) MF_CPU_RELAX();
 }
 
-void ThreadPool::parallel_for(std::int64_t n,
-                              const std::function<void(std::int64_t, std::int64_t, int)>& fn) {
+void ThreadPool::parallel_for(std::int64_t n, const std::function<void(std::int64_t, std::int64_t, int)>& fn,
+                              std::int64_t grain) {
   if (n <= 0) return;
-  const int tasks = static_cast<int>(std::min<std::int64_t>(num_threads_, n));
+  const int tasks = static_cast<int>(std::max<std::int64_t>(1, std::min<std::int64_t>(num_threads_, n / std::max<std::int64_t>(1, grain))));
   dispatch(tasks, [&](int t) {
     const std::int64_t begin = n * t / tasks, end = n * (t + 1) / tasks;
     fn(begin, end, t);

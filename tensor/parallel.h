@@ -2,6 +2,9 @@
 // chunk per thread; the calling thread takes chunk 0. Workers spin briefly before they
 // sleep, because a training step hands them ~20 small jobs of tens of microseconds each,
 // and waking a sleeping thread costs about as much as the job.
+//
+// The pool's threads, and any thread that calls parallel_for/run_on_all, run with
+// denormals flushed to zero (FTZ/DAZ): see parallel.cpp for why.
 #pragma once
 #include <atomic>
 #include <condition_variable>
@@ -22,9 +25,12 @@ class ThreadPool {
 
   int num_threads() const { return num_threads_; }
 
-  // Calls fn(begin, end, thread) for num_threads() contiguous chunks of [0, n) (fewer when
-  // n is small), in parallel, and returns when all are done. fn must not throw.
-  void parallel_for(std::int64_t n, const std::function<void(std::int64_t, std::int64_t, int)>& fn);
+  // Calls fn(begin, end, thread) for num_threads() contiguous chunks of [0, n), in parallel,
+  // and returns when all are done; fewer chunks when n is small: each chunk gets at least
+  // `grain` items, so work too small to pay for a thread hand-off stays on the caller.
+  // fn must not throw.
+  void parallel_for(std::int64_t n, const std::function<void(std::int64_t, std::int64_t, int)>& fn,
+                    std::int64_t grain = 1);
 
   // Runs fn(thread) once on each of the num_threads() threads.
   void run_on_all(const std::function<void(int)>& fn);

@@ -24,8 +24,9 @@ class Rng {
   // Uniform in [0, 1) with 24 random bits (every float in the range is equally spaced).
   float uniform01() { return static_cast<float>(next_u64() >> 40) * (1.0f / 16777216.0f); }
   float uniform(float lo, float hi) { return lo + (hi - lo) * uniform01(); }
-  // Uniform integer in [0, n) without modulo bias (Lemire's method).
+  // Uniform integer in [0, n) without modulo bias (Lemire's method); 0 when n is 0.
   std::uint64_t below(std::uint64_t n) {
+    if (n == 0) return 0;
     unsigned __int128 m = static_cast<unsigned __int128>(next_u64()) * n;
     std::uint64_t low = static_cast<std::uint64_t>(m);
     if (low < n) {

@@ -57,7 +57,7 @@ Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
   try {
     t.storage_ = std::make_shared<Storage>(t.nbytes(), device);
   } catch (const OutOfMemoryError& e) {
-    throw OutOfMemoryError("out of GPU memory allocating " + t.describe() + " (" +
+    throw OutOfMemoryError("out of GPU memory allocating " + describe(shape, dtype, device) + " (" +
                                format_bytes(t.nbytes()) + "): " + e.what() +
                                ". Try a smaller --batch-size or --fp16.",
                            e.requested(), e.in_use(), e.limit());
@@ -86,9 +86,13 @@ void Tensor::check_type(DType want) const {
                                 ", accessed as " + dtype_name(want));
 }
 
+std::string Tensor::describe(const Shape& shape, DType dtype, Device device) {
+  return std::string(dtype_name(dtype)) + " " + shape.str() + " on " + device_name(device);
+}
+
 std::string Tensor::describe() const {
   if (!defined()) return "undefined tensor";
-  return std::string(dtype_name(dtype_)) + " " + shape_.str() + " on " + device_name(device_);
+  return describe(shape_, dtype_, device_);
 }
 
 Tensor Tensor::clone() const { return to(device_); }

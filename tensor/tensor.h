@@ -91,6 +91,7 @@ class Tensor {
 
   // "f32 (64, 32, 26, 26) on gpu"
   std::string describe() const;
+  static std::string describe(const Shape& shape, DType dtype, Device device);
   // Host f32 contents as a vector (copies from the device when needed; f16 is widened).
   std::vector<float> to_vector() const;
   // True when both are views of the same storage and offset (same buffer).

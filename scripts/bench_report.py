@@ -1,0 +1,963 @@
+#!/usr/bin/env python3
+"""bench_report.py: turns the Google Benchmark JSON files of scripts/bench.sh into
+OUT_DIR/results.md (one table per claim of the article and a summary) and PNG charts.
+
+    python3 scripts/bench_report.py OUT_DIR [MORE_DIR ...]
+
+With more folders (e.g. the GPU half measured on one machine, the CPU half on another), a
+benchmark is taken from the first folder that has it measured; the report lists each
+folder's machine and goes into OUT_DIR.
+
+Standard library only (the machines that run it may have no matplotlib): the charts are
+rasterised here and written with zlib. Text uses the segment font of stb_easy_font.h
+(Sean Barrett, public domain / MIT), whose tables are copied below.
+"""
+import datetime
+import glob
+import json
+import math
+import os
+import struct
+import sys
+import zlib
+
+NO_GPU = "not measured (no GPU)"
+
+# ----------------------------------------------------------------------------------------
+# Reading the results
+# ----------------------------------------------------------------------------------------
+
+UNIT_SECONDS = {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1.0}
+STANDARD_KEYS = {
+    "name", "family_index", "per_family_instance_index", "run_name", "run_type", "repetitions",
+    "repetition_index", "threads", "iterations", "real_time", "cpu_time", "time_unit", "label",
+    "error_occurred", "error_message", "aggregate_name", "aggregate_unit", "bytes_per_second",
+    "items_per_second",
+}
+
+
+class Row:
+    """One benchmark: its group and parameters (from the name), time per iteration, counters."""
+
+    def __init__(self, entry):
+        tokens = entry["name"].split("/")
+        self.group = tokens[0]
+        self.params = {}
+        for t in tokens[1:]:
+            if ":" in t:
+                k, v = t.split(":", 1)
+                if k not in ("iterations", "repeats", "min_time", "threads"):
+                    self.params[k] = v
+        self.error = entry.get("error_message") if entry.get("error_occurred") else None
+        self.seconds = entry.get("real_time", 0.0) * UNIT_SECONDS.get(entry.get("time_unit", "ns"), 1e-9)
+        self.label = entry.get("label", "")
+        self.counters = {k: v for k, v in entry.items() if k not in STANDARD_KEYS and isinstance(v, (int, float))}
+        if "bytes_per_second" in entry:
+            self.counters["bytes_per_second"] = entry["bytes_per_second"]
+
+    def get(self, key, default=None):
+        return self.counters.get(key, default)
+
+
+class Results:
+    def __init__(self, dirs):
+        self.rows = []
+        self.context = {}
+        self.files = []
+        self.sources = []  # (folder, its context) in order
+        for d in dirs:
+            self._load(d)
+
+    def _load(self, out_dir):
+        ctx_here = {}
+        for path in sorted(glob.glob(os.path.join(out_dir, "*.json"))):
+            try:
+                with open(path) as f:
+                    data = json.load(f)
+            except (OSError, ValueError) as e:
+                print(f"bench_report: skipping {path}: {e}", file=sys.stderr)
+                continue
+            if "benchmarks" not in data:
+                continue
+            self.files.append(path)
+            for k, v in data.get("context", {}).items():
+                self.context.setdefault(k, v)
+                ctx_here.setdefault(k, v)
+            for entry in data["benchmarks"]:
+                if entry.get("run_type", "iteration") != "iteration":
+                    continue
+                self.rows.append(Row(entry))
+        if ctx_here:
+            self.sources.append((out_dir, ctx_here))
+
+    def find(self, group, **params):
+        """The measured row of `group` whose parameters include `params` (None if absent or failed)."""
+        want = {k: str(v) for k, v in params.items()}
+        for r in self.rows:
+            if r.group == group and r.error is None and all(r.params.get(k) == v for k, v in want.items()):
+                return r
+        return None
+
+    def all(self, group, **params):
+        want = {k: str(v) for k, v in params.items()}
+        return [r for r in self.rows if r.group == group and r.error is None
+                and all(r.params.get(k) == v for k, v in want.items())]
+
+    def gpu_measured(self):
+        return any(r.error is None and r.params.get("dev", "").startswith("gpu") for r in self.rows)
+
+    def gpu_skip_reason(self):
+        for r in self.rows:
+            if r.error and r.error.startswith("no GPU"):
+                return r.error
+        return None
+
+
+# ----------------------------------------------------------------------------------------
+# Formatting
+# ----------------------------------------------------------------------------------------
+
+def fmt_time(s):
+    if s is None:
+        return "-"
+    if s >= 100:
+        return f"{s:.0f} s"
+    if s >= 1:
+        return f"{s:.2f} s"
+    if s >= 1e-3:
+        return f"{s * 1e3:.3g} ms" if s < 0.01 else f"{s * 1e3:.1f} ms"
+    return f"{s * 1e6:.3g} µs"
+
+
+def fmt_rate(flops):
+    if flops is None:
+        return "-"
+    if flops >= 1e12:
+        return f"{flops / 1e12:.2f} TFLOP/s"
+    return f"{flops / 1e9:.3g} GFLOP/s"
+
+
+def fmt_x(r):
+    if r is None:
+        return "-"
+    return f"{r:.3g}x" if r < 100 else f"{r:.0f}x"
+
+
+def fmt_mib(v):
+    return "-" if v is None else f"{v:.1f} MiB"
+
+
+def ratio(a, b):
+    if a is None or b is None or b == 0:
+        return None
+    return a / b
+
+
+def secs(row):
+    return row.seconds if row is not None else None
+
+
+NO_GPU_MODE = [False]  # set once: True when no GPU result exists at all
+
+
+def gpu_cell(text):
+    return NO_GPU if NO_GPU_MODE[0] else text
+
+
+def table(header, rows):
+    out = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    for r in rows:
+        out.append("| " + " | ".join(str(c) for c in r) + " |")
+    return "\n".join(out) + "\n"
+
+
+# ----------------------------------------------------------------------------------------
+# A small raster canvas and PNG writer
+# ----------------------------------------------------------------------------------------
+
+# stb_easy_font.h tables (advance | 16: descender, h_seg, v_seg start per character 32..127).
+_CHARINFO = [
+    (6, 0, 0), (3, 0, 0), (5, 1, 1), (7, 1, 4), (7, 3, 7), (7, 6, 12), (7, 8, 19), (4, 16, 21),
+    (4, 17, 22), (4, 19, 23), (23, 21, 24), (23, 22, 31), (20, 23, 34), (22, 23, 36), (19, 24, 36), (21, 25, 36),
+    (6, 25, 39), (6, 27, 43), (6, 28, 45), (6, 30, 49), (6, 33, 53), (6, 34, 57), (6, 40, 58), (6, 46, 59),
+    (6, 47, 62), (6, 55, 64), (19, 57, 68), (20, 59, 68), (21, 61, 69), (22, 66, 69), (21, 68, 69), (7, 73, 69),
+    (9, 75, 74), (6, 78, 81), (6, 80, 85), (6, 83, 90), (6, 85, 91), (6, 87, 95), (6, 90, 96), (7, 92, 97),
+    (6, 96, 102), (5, 97, 106), (6, 99, 107), (6, 100, 110), (6, 100, 115), (7, 101, 116), (6, 101, 121), (6, 101, 125),
+    (6, 102, 129), (7, 103, 133), (6, 104, 140), (6, 105, 145), (7, 107, 149), (6, 108, 151), (7, 109, 155), (7, 109, 160),
+    (7, 109, 165), (7, 118, 167), (6, 118, 172), (4, 120, 176), (6, 122, 177), (4, 122, 181), (23, 124, 182), (22, 129, 182),
+    (4, 130, 182), (22, 131, 183), (6, 133, 187), (22, 135, 191), (6, 137, 192), (22, 139, 196), (6, 144, 197), (22, 147, 198),
+    (6, 150, 202), (19, 151, 206), (21, 152, 207), (6, 155, 209), (3, 160, 210), (23, 160, 211), (22, 164, 216), (22, 165, 220),
+    (22, 167, 224), (22, 169, 228), (21, 171, 232), (21, 173, 233), (5, 178, 233), (22, 179, 234), (23, 180, 238), (23, 180, 243),
+    (23, 180, 248), (22, 189, 248), (22, 191, 252), (5, 196, 252), (3, 203, 252), (5, 203, 253), (22, 210, 253), (0, 214, 253),
+]
+_HSEG = bytes([
+    97, 37, 69, 84, 28, 51, 2, 18, 10, 49, 98, 41, 65, 25, 81, 105, 33, 9, 97, 1, 97, 37, 37, 36,
+    81, 10, 98, 107, 3, 100, 3, 99, 58, 51, 4, 99, 58, 8, 73, 81, 10, 50, 98, 8, 73, 81, 4, 10, 50,
+    98, 8, 25, 33, 65, 81, 10, 50, 17, 65, 97, 25, 33, 25, 49, 9, 65, 20, 68, 1, 65, 25, 49, 41,
+    11, 105, 13, 101, 76, 10, 50, 10, 50, 98, 11, 99, 10, 98, 11, 50, 99, 11, 50, 11, 99, 8, 57,
+    58, 3, 99, 99, 107, 10, 10, 11, 10, 99, 11, 5, 100, 41, 65, 57, 41, 65, 9, 17, 81, 97, 3, 107,
+    9, 97, 1, 97, 33, 25, 9, 25, 41, 100, 41, 26, 82, 42, 98, 27, 83, 42, 98, 26, 51, 82, 8, 41,
+    35, 8, 10, 26, 82, 114, 42, 1, 114, 8, 9, 73, 57, 81, 41, 97, 18, 8, 8, 25, 26, 26, 82, 26, 82,
+    26, 82, 41, 25, 33, 82, 26, 49, 73, 35, 90, 17, 81, 41, 65, 57, 41, 65, 25, 81, 90, 114, 20,
+    84, 73, 57, 41, 49, 25, 33, 65, 81, 9, 97, 1, 97, 25, 33, 65, 81, 57, 33, 25, 41, 25,
+])
+_VSEG = bytes([
+    4, 2, 8, 10, 15, 8, 15, 33, 8, 15, 8, 73, 82, 73, 57, 41, 82, 10, 82, 18, 66, 10, 21, 29, 1, 65,
+    27, 8, 27, 9, 65, 8, 10, 50, 97, 74, 66, 42, 10, 21, 57, 41, 29, 25, 14, 81, 73, 57, 26, 8, 8,
+    26, 66, 3, 8, 8, 15, 19, 21, 90, 58, 26, 18, 66, 18, 105, 89, 28, 74, 17, 8, 73, 57, 26, 21,
+    8, 42, 41, 42, 8, 28, 22, 8, 8, 30, 7, 8, 8, 26, 66, 21, 7, 8, 8, 29, 7, 7, 21, 8, 8, 8, 59, 7, 8,
+    8, 15, 29, 8, 8, 14, 7, 57, 43, 10, 82, 7, 7, 25, 42, 25, 15, 7, 25, 41, 15, 21, 105, 105, 29,
+    7, 57, 57, 26, 21, 105, 73, 97, 89, 28, 97, 7, 57, 58, 26, 82, 18, 57, 57, 74, 8, 30, 6, 8, 8,
+    14, 3, 58, 90, 58, 11, 7, 74, 43, 74, 15, 2, 82, 2, 42, 75, 42, 10, 67, 57, 41, 10, 7, 2, 42,
+    74, 106, 15, 2, 35, 8, 8, 29, 7, 8, 8, 59, 35, 51, 8, 8, 15, 35, 30, 35, 8, 8, 30, 7, 8, 8, 60,
+    36, 8, 45, 7, 7, 36, 8, 43, 8, 44, 21, 8, 8, 44, 35, 8, 8, 43, 23, 8, 8, 43, 35, 8, 8, 31, 21, 15,
+    20, 8, 8, 28, 18, 58, 89, 58, 26, 21, 89, 73, 89, 29, 20, 8, 8, 30, 7,
+])
+
+BLACK, GREY, LIGHT, WHITE = (20, 20, 20), (110, 110, 110), (225, 225, 225), (255, 255, 255)
+PALETTE = [(31, 119, 180), (255, 127, 14), (44, 160, 44), (214, 39, 40), (148, 103, 189), (140, 86, 75),
+           (227, 119, 194), (127, 127, 127)]
+
+
+class Canvas:
+    def __init__(self, width, height, bg=WHITE):
+        self.w, self.h = width, height
+        self.px = bytearray(bytes(bg) * (width * height))
+
+    def blend(self, x, y, c, a=1.0):
+        if 0 <= x < self.w and 0 <= y < self.h and a > 0:
+            i = 3 * (y * self.w + x)
+            if a >= 1:
+                self.px[i:i + 3] = bytes(c)
+            else:
+                for k in range(3):
+                    self.px[i + k] = int(self.px[i + k] * (1 - a) + c[k] * a + 0.5)
+
+    def fill_rect(self, x0, y0, x1, y1, c):
+        x0, x1 = max(0, int(x0)), min(self.w, int(x1))
+        y0, y1 = max(0, int(y0)), min(self.h, int(y1))
+        if x1 <= x0:
+            return
+        row = bytes(c) * (x1 - x0)
+        for y in range(y0, y1):
+            i = 3 * (y * self.w + x0)
+            self.px[i:i + len(row)] = row
+
+    def rect_outline(self, x0, y0, x1, y1, c):
+        self.fill_rect(x0, y0, x1, y0 + 1, c)
+        self.fill_rect(x0, y1 - 1, x1, y1, c)
+        self.fill_rect(x0, y0, x0 + 1, y1, c)
+        self.fill_rect(x1 - 1, y0, x1, y1, c)
+
+    def line(self, x0, y0, x1, y1, c, width=2.0, dash=None):
+        """Antialiased segment: each pixel's coverage is how far its centre lies inside the
+        stroke (distance to the segment vs width / 2, with a one-pixel ramp)."""
+        cover = {}
+        r = width / 2 + 0.5
+        length = math.hypot(x1 - x0, y1 - y0)
+        dx, dy = ((x1 - x0) / length, (y1 - y0) / length) if length > 0 else (0.0, 0.0)
+        for px in range(int(math.floor(min(x0, x1) - r)), int(math.ceil(max(x0, x1) + r)) + 1):
+            for py in range(int(math.floor(min(y0, y1) - r)), int(math.ceil(max(y0, y1) + r)) + 1):
+                cx, cy = px + 0.5, py + 0.5
+                t = ((cx - x0) * dx + (cy - y0) * dy) if length > 0 else 0.0
+                t = min(max(t, 0.0), length)
+                if dash and (t % (2 * dash)) > dash:
+                    continue
+                d = math.hypot(cx - (x0 + t * dx), cy - (y0 + t * dy))
+                a = min(1.0, max(0.0, width / 2 + 0.5 - d))
+                if a > 0:
+                    cover[(px, py)] = max(a, cover.get((px, py), 0.0))
+        for (px, py), a in cover.items():
+            self.blend(px, py, c, a)
+
+    def polyline(self, pts, c, width=2.0, dash=None):
+        for (a, b) in zip(pts, pts[1:]):
+            # Long segments only: a bounding-box scan per segment is fine at chart sizes.
+            self.line(a[0], a[1], b[0], b[1], c, width, dash)
+
+    def dot(self, x, y, radius, c):
+        for px in range(int(x - radius - 1), int(x + radius + 2)):
+            for py in range(int(y - radius - 1), int(y + radius + 2)):
+                d = math.hypot(px + 0.5 - x, py + 0.5 - y)
+                self.blend(px, py, c, min(1.0, max(0.0, radius + 0.5 - d)))
+
+    def text(self, x, y, s, c=BLACK, scale=2):
+        """stb_easy_font's segments, each font pixel drawn as scale x scale pixels."""
+        cx = 0
+        for ch in s:
+            code = ord(ch)
+            if code < 32 or code > 126:
+                ch, code = "?", ord("?")
+            adv, h0, v0 = _CHARINFO[code - 32]
+            _, h1, v1 = _CHARINFO[code - 32 + 1]
+            y_ch = 1 if adv & 16 else 0
+            for segs, vertical in ((_HSEG[h0:h1], False), (_VSEG[v0:v1], True)):
+                sx = cx
+                for seg in segs:
+                    n = seg & 7
+                    sx += (seg >> 3) & 1
+                    if n:
+                        sy = y_ch + (seg >> 4)
+                        w, h = (1, n) if vertical else (n, 1)
+                        self.fill_rect(x + sx * scale, y + sy * scale, x + (sx + w) * scale, y + (sy + h) * scale, c)
+            cx += adv & 15
+
+    @staticmethod
+    def text_width(s, scale=2):
+        return sum(_CHARINFO[(ord(ch) if 32 <= ord(ch) <= 126 else 63) - 32][0] & 15 for ch in s) * scale
+
+    def write_png(self, path):
+        raw = bytearray()
+        stride = 3 * self.w
+        for y in range(self.h):
+            raw.append(0)  # filter: none
+            raw += self.px[y * stride:(y + 1) * stride]
+
+        def chunk(kind, data):
+            return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
+
+        png = b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", self.w, self.h, 8, 2, 0, 0, 0))
+        png += chunk(b"IDAT", zlib.compress(bytes(raw), 9)) + chunk(b"IEND", b"")
+        tmp = path + ".tmp"
+        with open(tmp, "wb") as f:
+            f.write(png)
+        os.replace(tmp, path)
+
+
+# ----------------------------------------------------------------------------------------
+# Charts
+# ----------------------------------------------------------------------------------------
+
+W, H = 1060, 640
+PLOT = (100, 70, 730, 520)  # left, top, right, bottom of the plotting area
+
+
+def fmt_tick(v):
+    if v >= 1e6 or v < 1e-3:
+        return f"{v:.0e}"
+    if v >= 1000:
+        return f"{v:,.0f}"
+    if v >= 1:
+        return f"{v:g}"
+    return f"{v:.3g}"
+
+
+def log_ticks(lo, hi):
+    """Ticks at 1-2-5 steps for narrow ranges, powers of ten for wide ones."""
+    e0, e1 = math.floor(math.log10(lo)), math.ceil(math.log10(hi))
+    steps = (1, 2, 5) if e1 - e0 <= 3 else (1,)
+    return [m * 10 ** e for e in range(e0, e1 + 1) for m in steps if lo <= m * 10 ** e <= hi]
+
+
+def wrap(text, width_px, scale=2):
+    lines, cur = [], ""
+    for word in text.split():
+        trial = (cur + " " + word).strip()
+        if cur and Canvas.text_width(trial, scale) > width_px:
+            lines.append(cur)
+            cur = word
+        else:
+            cur = trial
+    return lines + ([cur] if cur else [])
+
+
+def frame(title, xlabel, ylabel, note=None):
+    c = Canvas(W, H)
+    c.text(PLOT[0], 18, title, BLACK, 3)
+    c.text(PLOT[0] - 80, PLOT[1] - 28, ylabel, GREY, 2)
+    c.text((PLOT[0] + PLOT[2]) // 2 - Canvas.text_width(xlabel) // 2, PLOT[3] + 40, xlabel, GREY, 2)
+    if note:
+        for i, line in enumerate(wrap(note, W - PLOT[0] - 20)[:2]):
+            c.text(PLOT[0] - 80, PLOT[3] + 76 + 20 * i, line, GREY, 2)
+    return c
+
+
+def legend(c, items):
+    """items: (label, color, style) with style "line", "dashed" or "dot"."""
+    x, y = PLOT[2] + 20, PLOT[1] + 4
+    for label, color, style in items:
+        if style == "dot":
+            c.dot(x + 15, y + 8, 4, color)
+        else:
+            c.line(x, y + 8, x + 30, y + 8, color, 3, dash=4 if style == "dashed" else None)
+        c.text(x + 38, y + 1, label, BLACK, 2)
+        y += 28
+
+
+def empty_chart(path, title, message):
+    c = frame(title, "", "")
+    c.rect_outline(*PLOT, GREY)
+    c.text((PLOT[0] + PLOT[2] - Canvas.text_width(message, 3)) // 2, (PLOT[1] + PLOT[3]) // 2 - 15, message, GREY, 3)
+    c.write_png(path)
+
+
+def line_chart(path, title, xlabel, ylabel, series, xlog2=True, hline=None, band=None, note=None):
+    """series: [(label, color, [(x, y), ...], dashed)]; y on a log scale; x on log2 when xlog2."""
+    pts = [p for s in series for p in s[2] if p[1] and p[1] > 0]
+    if not pts:
+        empty_chart(path, title, "no data")
+        return
+    xs = sorted({p[0] for p in pts})
+    ys = [p[1] for p in pts] + ([hline] if hline else []) + (list(band) if band else [])
+    ylo, yhi = min(ys), max(ys)
+    ylo, yhi = 10 ** math.floor(math.log10(ylo) - 0.05), 10 ** math.ceil(math.log10(yhi) + 0.05)
+    xlo, xhi = (math.log2(xs[0]), math.log2(xs[-1])) if xlog2 else (xs[0], xs[-1])
+    if xhi == xlo:
+        xlo, xhi = xlo - 1, xhi + 1
+    l, t, r, b = PLOT
+
+    def X(v):
+        v = math.log2(v) if xlog2 else v
+        return l + 20 + (v - xlo) / (xhi - xlo) * (r - l - 40)
+
+    def Y(v):
+        return b - (math.log10(v) - math.log10(ylo)) / (math.log10(yhi) - math.log10(ylo)) * (b - t)
+
+    c = frame(title, xlabel, ylabel, note)
+    if band:
+        c.fill_rect(l, Y(band[1]), r, Y(band[0]), (255, 236, 200))
+    for v in log_ticks(ylo, yhi):
+        c.fill_rect(l, int(Y(v)), r, int(Y(v)) + 1, LIGHT)
+        s = fmt_tick(v)
+        c.text(l - 10 - Canvas.text_width(s), int(Y(v)) - 6, s, GREY, 2)
+    for v in xs:
+        c.fill_rect(int(X(v)), t, int(X(v)) + 1, b, LIGHT)
+        s = f"{v:g}"
+        c.text(int(X(v)) - Canvas.text_width(s) // 2, b + 10, s, GREY, 2)
+    if hline:
+        c.line(l, Y(hline), r, Y(hline), GREY, 2, dash=6)
+    c.rect_outline(l, t, r + 1, b + 1, GREY)
+    for label, color, data, dashed in series:
+        data = sorted(p for p in data if p[1] and p[1] > 0)
+        c.polyline([(X(x), Y(y)) for x, y in data], color, 3, dash=5 if dashed else None)
+        for x, y in data:
+            c.dot(X(x), Y(y), 4, color)
+    legend(c, [(s[0], s[1], "dot" if len(s[2]) == 1 else ("dashed" if s[3] else "line")) for s in series])
+    c.write_png(path)
+
+
+def bar_chart(path, title, ylabel, groups, names, values, note=None, value_fmt=fmt_time):
+    """values[g][i]: bar i of group g (None: missing); log y."""
+    vals = [v for g in values for v in g if v]
+    if not vals:
+        empty_chart(path, title, "no data")
+        return
+    ylo, yhi = 10 ** math.floor(math.log10(min(vals)) - 0.05), 10 ** math.ceil(math.log10(max(vals)) + 0.05)
+    l, t, r, b = PLOT
+
+    def Y(v):
+        return b - (math.log10(v) - math.log10(ylo)) / (math.log10(yhi) - math.log10(ylo)) * (b - t)
+
+    c = frame(title, "", ylabel, note)
+    for v in log_ticks(ylo, yhi):
+        c.fill_rect(l, int(Y(v)), r, int(Y(v)) + 1, LIGHT)
+        s = fmt_tick(v)
+        c.text(l - 10 - Canvas.text_width(s), int(Y(v)) - 6, s, GREY, 2)
+    gw = (r - l) / len(groups)
+    bw = min(60, (gw - 30) / len(names))
+    for gi, g in enumerate(groups):
+        x0 = l + gi * gw + (gw - bw * len(names)) / 2
+        for i, v in enumerate(values[gi]):
+            if v:
+                c.fill_rect(x0 + i * bw + 2, Y(v), x0 + (i + 1) * bw - 2, b, PALETTE[i % len(PALETTE)])
+                s = value_fmt(v)
+                c.text(int(x0 + i * bw + bw / 2 - Canvas.text_width(s, 1) / 2), int(Y(v)) - 12, s, BLACK, 1)
+        c.text(int(l + gi * gw + gw / 2 - Canvas.text_width(g) / 2), b + 12, g, BLACK, 2)
+    c.rect_outline(l, t, r + 1, b + 1, GREY)
+    legend(c, [(n, PALETTE[i % len(PALETTE)], "line") for i, n in enumerate(names)])
+    c.write_png(path)
+
+
+# ----------------------------------------------------------------------------------------
+# The report
+# ----------------------------------------------------------------------------------------
+
+BATCHES = [8, 16, 32, 64, 128, 256, 512, 1024]
+EPOCH_IMAGES = 48000
+
+
+def steps_per_epoch(batch):
+    return -(-EPOCH_IMAGES // batch)
+
+
+def gpu_epoch(res, batch, dev="gpu_fp32", mode="graph", pipeline="resident"):
+    return res.find("epoch", dev=dev, mode=mode, pipeline=pipeline, batch=batch)
+
+
+def report(out_dir, more_dirs=()):
+    res = Results([out_dir] + list(more_dirs))
+    if not res.rows:
+        sys.exit(f"bench_report: no benchmark JSON in {', '.join([out_dir] + list(more_dirs))}")
+    NO_GPU_MODE[0] = not res.gpu_measured()
+    gpu_reason = res.gpu_skip_reason()
+    ctx = res.context
+    md = []
+    summary = []  # (claim, article, cpu, gpu, holds)
+
+    # ---- header ----
+    md.append("# microflow benchmarks: the article's nine claims\n")
+    md.append(f"Report written {datetime.datetime.now().isoformat(timespec='seconds')}.\n")
+    for folder, c in res.sources:
+        md.append(f"Results in `{folder}`:\n")
+        md.append(f"- Date: {c.get('date', '?')}")
+        md.append(f"- CPU: {c.get('mf_cpu_model', 'unknown')}, {c.get('mf_threads', c.get('num_cpus', '?'))} "
+                  f"hardware threads (host {c.get('host_name', '?')})")
+        md.append(f"- GPU: {c.get('mf_gpu', 'unknown')}")
+        if c.get("load_avg"):
+            md.append("- Load average when the first suite started (1, 5, 15 min): " +
+                      ", ".join(f"{v:.1f}" for v in c["load_avg"]) +
+                      f" on {c.get('num_cpus', '?')} CPUs: anything above the CPU count means other work was "
+                      "competing for the cores")
+        md.append(f"- Build: microflow {c.get('mf_build', '?')} build; Google Benchmark reports its own library "
+                  f"as a {c.get('library_build_type', '?')} build (so does Debian's package; the library only "
+                  f"times, the code under test is our Release build)")
+        md.append(f"- Result files: {', '.join(os.path.basename(f) for f in res.files if os.path.dirname(f) == folder.rstrip('/'))}")
+        cmd_file = os.path.join(folder, "commands.txt")
+        if os.path.exists(cmd_file):
+            with open(cmd_file) as f:
+                md.append("- Commands:\n\n```\n" + f.read().strip() + "\n```")
+        md.append("")
+    md.append("\nTimes are per iteration as Google Benchmark reports them: CPU timings are wall time of the "
+              "project's fast CPU path (its thread pool at all threads, `cpu_mt`, or one, `cpu_1t`); GPU "
+              "timings are CUDA-event time (`UseManualTime`) or, for whole epochs, `EpochLog::train_seconds` "
+              "of `Sequential::fit`. An epoch is 48,000 synthetic images (timings do not depend on pixel values). "
+              "The machines are shared: expect a few percent of noise, more on the 2-core CPU.")
+    if NO_GPU_MODE[0]:
+        md.append(f"\n**No GPU on this machine** ({gpu_reason or 'no GPU result'}): every GPU number below is "
+                  f"\"{NO_GPU}\"; run `scripts/bench.sh` on a GPU machine for them.")
+    md.append("\n## Summary\n")
+    summary_at = len(md)
+
+    # ---- claim 1: GEMM ----
+    md.append("## Claim 1: a large matrix product is 50-100x faster on the GPU\n")
+    md.append("C = A·B, square n x n x n, FP32 unless said. CPU: Eigen, rows split across the thread pool "
+              "(`cpu_mt`) or one thread. GPU: cuBLAS on data already in device memory (`cublasSgemm` default "
+              "math = true FP32; TF32 Tensor Cores; `cublasGemmEx` FP16 inputs/outputs with FP32 accumulation); "
+              "`fp32 + copies` adds the PCIe copies of A and B in and C out (pinned memory). Cell: time (rate).\n")
+    sizes = sorted({int(r.params["n"]) for r in res.all("gemm")})
+    devs = [("cpu_1t", "CPU 1 thread"), ("cpu_mt", "CPU all threads"), ("gpu_fp32", "GPU FP32"),
+            ("gpu_tf32", "GPU TF32"), ("gpu_fp16", "GPU FP16"), ("gpu_fp32_copies", "GPU FP32 + copies")]
+    rows = []
+    gemm_series = {d: [] for d, _ in devs}
+    speed_series = {d: [] for d, _ in devs if d.startswith("gpu")}
+    for n in sizes:
+        cells = [str(n)]
+        cpu = res.find("gemm", dev="cpu_mt", n=n) or res.find("gemm", dev="cpu_1t", n=n)
+        for d, _ in devs:
+            r = res.find("gemm", dev=d, n=n)
+            if r is None:
+                cells.append(gpu_cell("-") if d.startswith("gpu") else "-")
+                continue
+            cells.append(f"{fmt_time(r.seconds)} ({fmt_rate(r.get('FLOP/s'))})")
+            gemm_series[d].append((n, r.get("FLOP/s", 0) / 1e9))
+            if d.startswith("gpu") and cpu:
+                speed_series[d].append((n, cpu.seconds / r.seconds))
+        f32 = res.find("gemm", dev="gpu_fp32", n=n)
+        f16 = res.find("gemm", dev="gpu_fp16", n=n)
+        cells.append(gpu_cell(fmt_x(ratio(secs(cpu), secs(f32)))) if cpu else "-")
+        cells.append(gpu_cell(fmt_x(ratio(secs(cpu), secs(f16)))) if cpu else "-")
+        rows.append(cells)
+    md.append(table(["n"] + [name for _, name in devs] + ["GPU FP32 speedup", "GPU FP16 speedup"], rows))
+    md.append("Speedups are over the CPU at all threads (one thread where that is all there is).\n")
+    # crossover: the smallest n from which the GPU (FP32) wins at every larger size
+    crossover = None
+    common = [n for n in sizes if res.find("gemm", dev="cpu_mt", n=n) and res.find("gemm", dev="gpu_fp32", n=n)]
+    for n in common:
+        if all(res.find("gemm", dev="gpu_fp32", n=m).seconds < res.find("gemm", dev="cpu_mt", n=m).seconds
+               for m in common if m >= n):
+            crossover = n
+            break
+    top = common[-1] if common else None
+    top_cpu = res.find("gemm", dev="cpu_mt", n=top) if top else None
+    top_f32 = res.find("gemm", dev="gpu_fp32", n=top) if top else None
+    top_f16 = res.find("gemm", dev="gpu_fp16", n=top) if top else None
+    cpu_top = res.find("gemm", dev="cpu_mt", n=max(sizes)) if sizes else None
+    if NO_GPU_MODE[0]:
+        md.append(f"Crossover and GPU/CPU ratio: {NO_GPU}.\n")
+    elif top:
+        md.append(f"**Crossover:** the GPU (FP32) is faster than the CPU from n = {crossover} on. "
+                  f"**At n = {top}:** GPU FP32 is {fmt_x(ratio(top_cpu.seconds, top_f32.seconds))} and "
+                  f"GPU FP16 {fmt_x(ratio(top_cpu.seconds, secs(top_f16)))} faster than the CPU.\n")
+    rows = []
+    for r in res.all("gemm_model", dev="cpu_mt") or res.all("gemm_model", dev="cpu_1t"):
+        shape = r.params["shape"]
+        cells = [shape, f"{r.params['m']}x{r.params['n']}x{r.params['k']}"]
+        for d in ("cpu_1t", "cpu_mt", "gpu_fp32", "gpu_fp16"):
+            x = res.find("gemm_model", dev=d, shape=shape)
+            cells.append(f"{fmt_time(x.seconds)} ({fmt_rate(x.get('FLOP/s'))})" if x else
+                         (gpu_cell("-") if d.startswith("gpu") else "-"))
+        rows.append(cells)
+    if rows:
+        md.append("The model's own products (convolutions as im2col GEMMs, m = output pixels of the batch, "
+                  "n = filters, k = window x channels) are small and thin: far from the sizes where the GPU's "
+                  "advantage is large.\n")
+        md.append(table(["GEMM", "m x n x k", "CPU 1 thread", "CPU all threads", "GPU FP32", "GPU FP16"], rows))
+    if cpu_top:
+        cpu_text = f"{fmt_rate(cpu_top.get('FLOP/s'))} at n = {cpu_top.params['n']} (all threads)"
+    else:
+        cpu_text = "-"
+    if NO_GPU_MODE[0] or not top_f32:
+        gpu_text, holds = NO_GPU, NO_GPU
+    else:
+        r32 = ratio(top_cpu.seconds, top_f32.seconds)
+        r16 = ratio(top_cpu.seconds, secs(top_f16))
+        gpu_text = (f"FP32 {fmt_rate(top_f32.get('FLOP/s'))}, FP16 {fmt_rate(top_f16.get('FLOP/s')) if top_f16 else '-'}"
+                    f" at n = {top}; crossover n = {crossover}")
+        verdict = ("yes, more than claimed" if r32 > 100 else "yes") if r32 >= 50 else \
+            ("partly" if r32 >= 10 or (r16 or 0) >= 50 else "no")
+        holds = f"{verdict}: {fmt_x(r32)} in FP32, {fmt_x(r16)} in FP16 at n = {top}"
+    summary.append(("1", "large matrix product 50-100x faster on the GPU", cpu_text, gpu_text, holds))
+
+    # ---- claim 2: epoch on CPU vs GPU; layers ----
+    md.append("## Claim 2: an epoch takes tens of seconds on a CPU and a few seconds on a GPU\n")
+    cpu_mt = res.find("epoch", dev="cpu_mt", batch=64)
+    cpu_1t = res.find("epoch", dev="cpu_1t", batch=64)
+    g64 = gpu_epoch(res, 64)
+    g64h = gpu_epoch(res, 64, dev="gpu_fp16")
+    rows = [["CPU, all threads", fmt_time(secs(cpu_mt)), "measured: one epoch of `fit`"],
+            ["CPU, 1 thread", fmt_time(secs(cpu_1t)), "measured: one epoch of `fit`"],
+            ["GPU FP32, CUDA graph, data resident", gpu_cell(fmt_time(secs(g64))), "one epoch of `fit`"],
+            ["GPU FP16, CUDA graph, data resident", gpu_cell(fmt_time(secs(g64h))), "one epoch of `fit`"]]
+    md.append("Seconds per epoch at the article's batch 64 (48,000 images):\n")
+    md.append(table(["where", "epoch", "how"], rows))
+    md.append("For reference, the same model in PyTorch (DESIGN.md and anchors/README.md; measured "
+              "earlier on the same machines, not by this run): on the 2-core development machine, PyTorch 1.13's CPU path takes "
+              "10.2 s per epoch at batch 64 as installed and 3.8 s tuned; on the H200, PyTorch 2.11 takes "
+              "1616 ms (data on the GPU, eager FP32), 2150 ms (DataLoader) and 302 ms (CUDA graph, FP32).\n")
+    md.append("Each layer alone (forward, or backward = input and weight gradients; the first convolution "
+              "needs no input gradient), time per call:\n")
+    rows = []
+    layer_names = ["conv2d", "max_pooling2d", "conv2d_1", "max_pooling2d_1", "dense", "dense_1", "loss"]
+    for name in layer_names:
+        order = {"fwd": 0, "bwd": 1, "fwd_bwd": 2}
+        for r in sorted(res.all("layer", layer=name, dev="cpu_1t"),
+                        key=lambda r: (int(r.params["batch"]), order.get(r.params["dir"], 3))):
+            d, b = r.params["dir"], r.params["batch"]
+            cells = [name, d, b]
+            for dev in ("cpu_1t", "cpu_mt", "gpu_fp32", "gpu_fp16"):
+                x = res.find("layer", layer=name, dir=d, batch=b, dev=dev)
+                cells.append(fmt_time(x.seconds) if x else (gpu_cell("-") if dev.startswith("gpu") else "-"))
+            rows.append(cells)
+    md.append(table(["layer", "dir", "batch", "CPU 1 thread", "CPU all threads", "GPU FP32", "GPU FP16"], rows))
+    if cpu_mt:
+        cpu_text = f"{fmt_time(cpu_mt.seconds)} (all threads), {fmt_time(secs(cpu_1t))} (1 thread), batch 64"
+    else:
+        cpu_text = "-"
+    if g64 is None:
+        gpu_text, holds = NO_GPU, ("CPU: " + ("yes" if cpu_mt and cpu_mt.seconds >= 10 else "no, well under tens of "
+                                              "seconds") + f"; GPU {NO_GPU}") if cpu_mt else NO_GPU
+    else:
+        gpu_text = f"{fmt_time(g64.seconds)} (FP32, graph), batch 64"
+        parts = []
+        if cpu_mt:
+            parts.append("CPU " + ("yes" if cpu_mt.seconds >= 10 else "no: faster than tens of seconds"))
+        parts.append("GPU " + ("yes" if 1 <= g64.seconds < 10 else ("faster than claimed" if g64.seconds < 1 else "no")))
+        if cpu_mt:
+            parts.append(f"GPU {fmt_x(cpu_mt.seconds / g64.seconds)} faster")
+        holds = "; ".join(parts)
+    summary.append(("2", "tens of seconds per epoch on a CPU, a few seconds on a GPU", cpu_text, gpu_text, holds))
+
+    # ---- claim 3: pipelines ----
+    md.append("## Claim 3: naive per-step slicing starves the GPU; a prefetching pipeline can double speed\n")
+    md.append("Epoch time (FP32) by input pipeline: `resident` keeps the u8 data set on the GPU and gathers "
+              "batches there; `prefetch` gathers on a host thread into pinned buffers and copies on a second "
+              "stream while the GPU trains; `naive` slices into pageable memory, copies and waits every step.\n")
+    rows = []
+    pipe_vals = []
+    for b in (64, 1024):
+        for mode in ("graph", "eager"):
+            cells = [str(b), mode]
+            vals = []
+            for p in ("resident", "prefetch", "naive"):
+                r = gpu_epoch(res, b, mode=mode, pipeline=p)
+                vals.append(secs(r))
+                cells.append(gpu_cell(fmt_time(secs(r))))
+            cells.append(gpu_cell(fmt_x(ratio(vals[2], vals[1]))))
+            cells.append(gpu_cell(fmt_x(ratio(vals[2], vals[0]))))
+            rows.append(cells)
+            pipe_vals.append((f"batch {b} {mode}", vals))
+    md.append(table(["batch", "step", "resident", "prefetch", "naive", "prefetch vs naive", "resident vs naive"], rows))
+    n64 = gpu_epoch(res, 64, pipeline="naive")
+    p64 = gpu_epoch(res, 64, pipeline="prefetch")
+    r64 = gpu_epoch(res, 64, pipeline="resident")
+    if n64 and p64:
+        rp, rr = n64.seconds / p64.seconds, n64.seconds / secs(r64) if r64 else None
+        holds = ("yes" if rp >= 2 else ("resident only" if rr and rr >= 2 else "no")) + \
+            f": prefetch {fmt_x(rp)}, resident {fmt_x(rr)} faster than naive (batch 64, graph)"
+        gpu_text = f"naive {fmt_time(n64.seconds)}, prefetch {fmt_time(p64.seconds)}, resident {fmt_time(secs(r64))}"
+    else:
+        gpu_text = holds = NO_GPU
+    summary.append(("3", "a prefetching pipeline can double speed over naive slicing", "n/a (GPU claim)", gpu_text, holds))
+
+    # ---- claim 4: batch size ----
+    md.append("## Claim 4: a bigger batch uses the GPU better (batch 8 -> 32 cut the time by over 40 %)\n")
+    md.append("CPU: one training step (forward, loss, backward, Adam) timed on its own; the epoch is projected "
+              "as step time x steps. GPU: one real epoch of `fit` (data resident), per step = epoch / steps.\n")
+    rows = []
+    cols = [("cpu_1t", None), ("cpu_mt", None), ("gpu_fp32", "graph"), ("gpu_fp32", "eager"), ("gpu_fp16", "graph"),
+            ("gpu_fp16", "eager")]
+    epoch_series = {}
+    for b in BATCHES:
+        cells = [str(b)]
+        for dev, mode in cols:
+            if dev.startswith("cpu"):
+                r = res.find("step", dev=dev, batch=b)
+                if r:
+                    e = r.seconds * steps_per_epoch(b)
+                    cells.append(f"{fmt_time(r.seconds)} / {fmt_time(r.seconds / b)} / {fmt_time(e)}")
+                    epoch_series.setdefault((dev, mode), []).append((b, e))
+                else:
+                    cells.append("-")
+            else:
+                r = gpu_epoch(res, b, dev=dev, mode=mode)
+                if r:
+                    st = r.seconds / steps_per_epoch(b)
+                    cells.append(f"{fmt_time(st)} / {fmt_time(r.seconds / EPOCH_IMAGES)} / {fmt_time(r.seconds)}")
+                    epoch_series.setdefault((dev, mode), []).append((b, r.seconds))
+                else:
+                    cells.append(NO_GPU)
+        rows.append(cells)
+    md.append("Cell: time per step / per image / per epoch.\n")
+    md.append(table(["batch", "CPU 1 thread (projected)", "CPU all threads (projected)", "GPU FP32 graph",
+                     "GPU FP32 eager", "GPU FP16 graph", "GPU FP16 eager"], rows))
+
+    def cut(series):
+        d = dict(series or [])
+        return 1 - d[32] / d[8] if 8 in d and 32 in d else None
+
+    cpu_cut = cut(epoch_series.get(("cpu_mt", None)))
+    gpu_cut = cut(epoch_series.get(("gpu_fp32", "graph")))
+    gpu_cut_eager = cut(epoch_series.get(("gpu_fp32", "eager")))
+    cpu_text = f"8 -> 32 cuts the epoch by {cpu_cut:.0%} (all threads)" if cpu_cut is not None else "-"
+    if gpu_cut is None:
+        gpu_text = NO_GPU
+        holds = (f"CPU {'yes' if cpu_cut > 0.4 else 'no'}; GPU {NO_GPU}") if cpu_cut is not None else NO_GPU
+    else:
+        gpu_text = f"8 -> 32 cuts the epoch by {gpu_cut:.0%} (graph), {gpu_cut_eager:.0%} (eager)"
+        holds = "GPU " + ("yes" if gpu_cut > 0.4 else "no") + \
+            (f"; CPU {'yes' if cpu_cut > 0.4 else 'no'}" if cpu_cut is not None else "")
+    summary.append(("4", "batch 8 -> 32 cuts the time by over 40 %", cpu_text, gpu_text, holds))
+
+    # ---- claim 5: FP16 ----
+    md.append("## Claim 5: mixed precision is faster on Tensor Cores and halves activation memory\n")
+    rows = []
+    for b in BATCHES:
+        cells = [str(b)]
+        for mode in ("graph", "eager"):
+            a, h = gpu_epoch(res, b, mode=mode), gpu_epoch(res, b, dev="gpu_fp16", mode=mode)
+            cells += [gpu_cell(fmt_time(secs(a))), gpu_cell(fmt_time(secs(h))), gpu_cell(fmt_x(ratio(secs(a), secs(h))))]
+        rows.append(cells)
+    md.append("Epoch time, FP32 vs FP16 (speedup = FP32 / FP16):\n")
+    md.append(table(["batch", "FP32 graph", "FP16 graph", "speedup", "FP32 eager", "FP16 eager", "speedup"], rows))
+    md.append("Memory of one training step: `activations` = the layers' outputs (kept for backward) by "
+              "arithmetic; `step allocations` = what the caching allocator handed out during the first step "
+              "beyond the model, optimizer state and input (outputs, input gradients, pooling argmax, loss "
+              "gradient, and the shared cuDNN workspace when it grew).\n")
+    rows = []
+    mem_ratio = None
+    for b in (64, 1024, 4096):
+        a = res.find("memory_step", dev="gpu_fp32", batch=b)
+        h = res.find("memory_step", dev="gpu_fp16", batch=b)
+        cells = [str(b)]
+        for r in (a, h):
+            cells += [gpu_cell(fmt_mib(r.get("activations_MiB")) if r else "-"),
+                      gpu_cell(fmt_mib(r.get("step_alloc_MiB")) if r else "-")]
+        cells.append(gpu_cell(f"{ratio(h.get('step_alloc_MiB'), a.get('step_alloc_MiB')):.2f}" if a and h else "-"))
+        if a and h and b == 1024:
+            mem_ratio = ratio(h.get("step_alloc_MiB"), a.get("step_alloc_MiB"))
+        rows.append(cells)
+    md.append(table(["batch", "FP32 activations", "FP32 step allocations", "FP16 activations",
+                     "FP16 step allocations", "FP16 / FP32 allocations"], rows))
+    a1024, h1024 = gpu_epoch(res, 1024), gpu_epoch(res, 1024, dev="gpu_fp16")
+    a64, h64 = gpu_epoch(res, 64), gpu_epoch(res, 64, dev="gpu_fp16")
+    if a1024 and h1024:
+        s1024, s64 = ratio(a1024.seconds, h1024.seconds), ratio(secs(a64), secs(h64))
+        gpu_text = f"FP16 speedup {fmt_x(s64)} (batch 64), {fmt_x(s1024)} (batch 1024), graph" + \
+            (f"; step memory x{mem_ratio:.2f}" if mem_ratio else "")
+        holds = ("faster: " + ("yes" if s1024 > 1.05 else "no") + "; memory halved: " +
+                 (("yes" if mem_ratio <= 0.6 else "no") if mem_ratio else "-"))
+    else:
+        gpu_text = holds = NO_GPU
+    summary.append(("5", "FP16 is faster and halves activation memory", "n/a (FP16 runs on the GPU only)", gpu_text, holds))
+
+    # ---- claim 6: graph vs eager ----
+    md.append("## Claim 6: a compiled graph beats eager execution, up to ten times\n")
+    md.append("The whole step (gather, forward, loss, backward, Adam) captured once as a CUDA graph and replayed, "
+              "against launching its kernels one by one from the host every step.\n")
+    rows = []
+    ge_vals = []
+    best = None
+    for dev in ("gpu_fp32", "gpu_fp16"):
+        for b in BATCHES:
+            g, e = gpu_epoch(res, b, dev=dev, mode="graph"), gpu_epoch(res, b, dev=dev, mode="eager")
+            x = ratio(secs(e), secs(g))
+            rows.append([dev.replace("gpu_", "").upper(), str(b), gpu_cell(fmt_time(secs(e))),
+                         gpu_cell(fmt_time(secs(g))), gpu_cell(fmt_x(x))])
+            if b in (64, 1024):
+                ge_vals.append((f"{dev.replace('gpu_', '').upper()} batch {b}", [secs(g), secs(e)]))
+            if x and (best is None or x > best[0]):
+                best = (x, dev, b)
+    md.append(table(["precision", "batch", "eager epoch", "graph epoch", "graph speedup"], rows))
+    g64e = gpu_epoch(res, 64, mode="eager")
+    g1024, g1024e = gpu_epoch(res, 1024), gpu_epoch(res, 1024, mode="eager")
+    if g64 and g64e:
+        x64, x1024 = ratio(g64e.seconds, g64.seconds), ratio(secs(g1024e), secs(g1024))
+        gpu_text = f"graph {fmt_x(x64)} faster at batch 64, {fmt_x(x1024)} at 1024 (FP32)"
+        holds = ("yes" if best and best[0] >= 10 else ("partly" if x64 >= 2 else "no")) + \
+            (f": up to {fmt_x(best[0])} ({best[1].replace('gpu_', '').upper()}, batch {best[2]})" if best else "")
+    else:
+        gpu_text = holds = NO_GPU
+    summary.append(("6", "a compiled graph beats eager execution, up to 10x", "n/a (GPU claim)", gpu_text, holds))
+
+    # ---- claim 7: memory ----
+    md.append("## Claim 7: a framework grabs GPU memory up front; a limit keeps it to a set amount\n")
+    md.append("microflow grabs nothing up front: the caching allocator takes from `cudaMalloc` what the step "
+              "needs and keeps freed blocks for reuse. During one FP32 epoch (data resident, 37 MB of it):\n")
+    rows = []
+    for r in sorted(res.all("memory_epoch"), key=lambda r: int(r.params["batch"])):
+        rows.append([r.params["batch"], fmt_mib(r.get("peak_MiB")), fmt_mib(r.get("reserved_MiB")),
+                     fmt_mib(r.get("device_used_delta_MiB")), fmt_time(r.seconds)])
+    if not rows:
+        rows.append(["-", NO_GPU, NO_GPU, NO_GPU, NO_GPU])
+    md.append(table(["batch", "allocator peak", "allocator reserved", "device memory used (delta)", "epoch"], rows))
+    md.append("Under `--gpu-memory-limit` (`DeviceAllocator::set_limit`), doubling the batch from 32 until "
+              "`OutOfMemoryError` (3 steps each, fresh model):\n")
+    rows = []
+    limit_ok = None
+    for r in sorted(res.all("memory_limit"), key=lambda r: int(r.params["limit_mib"])):
+        ok = r.get("peak_within_limit") == 1
+        limit_ok = ok if limit_ok is None else (limit_ok and ok)
+        rows.append([f"{r.params['limit_mib']} MiB", f"{int(r.get('max_ok_batch', 0)) or 'none'}",
+                     f"{int(r.get('first_oom_batch', 0)) or 'none up to 65536'}", fmt_mib(r.get("max_peak_MiB")),
+                     "yes" if ok else "**no**", r.label.replace("|", "/")[:160]])
+    if not rows:
+        rows.append(["-", NO_GPU, NO_GPU, NO_GPU, NO_GPU, ""])
+    md.append(table(["limit", "largest batch that trains", "first batch that fails", "largest peak",
+                     "peak within limit", "the error"], rows))
+    ep = {int(r.params["batch"]): r for r in res.all("memory_epoch")}
+    if ep and limit_ok is not None:
+        b0 = min(ep)
+        gpu_text = (f"peak {fmt_mib(ep[b0].get('peak_MiB'))} at batch {b0} .. "
+                    f"{fmt_mib(ep[max(ep)].get('peak_MiB'))} at {max(ep)}; nothing reserved up front")
+        holds = "limit respected: " + ("yes" if limit_ok else "NO") + "; up-front grab: no (by design, allocate on demand)"
+    else:
+        gpu_text = holds = NO_GPU
+    summary.append(("7", "memory grabbed up front; a limit caps it", "n/a (GPU claim)", gpu_text, holds))
+
+    # ---- claim 8: cuDNN algorithms ----
+    md.append("## Claim 8: cuDNN autotuning picks faster convolution algorithms\n")
+    md.append("Each convolution with its algorithms chosen by cuDNN's heuristic (`cudnnGet*_v7`, "
+              "`conv_options().find = false`) or by timing the candidates (`cudnnFind*Ex`, `find = true`). "
+              "`first call` is the wall time of the first call, which makes the choice.\n")
+    rows = []
+    speedups = []
+    order = {"fwd": 0, "bwd": 1, "gpu_fp32": 0, "gpu_fp16": 1}
+    for r in sorted(res.all("cudnn", algo="heuristic"),
+                    key=lambda r: (r.params["layer"], order.get(r.params["dir"], 2), order.get(r.params["dev"], 2),
+                                   int(r.params["batch"]))):
+        p = r.params
+        t = res.find("cudnn", layer=p["layer"], dir=p["dir"], batch=p["batch"], dev=p["dev"], algo="timed")
+        x = ratio(r.seconds, secs(t))
+        if x:
+            speedups.append(x)
+        first = "first_bwd_ms" if p["dir"] == "bwd" else "first_fwd_ms"
+        rows.append([p["layer"], p["dir"], p["batch"], p["dev"].replace("gpu_", "").upper(), fmt_time(r.seconds),
+                     fmt_time(secs(t)), fmt_x(x), f"{r.get(first, 0):.1f} ms",
+                     f"{t.get(first, 0):.1f} ms" if t else "-",
+                     (t.label if t else r.label).replace("|", "/")])
+    if rows:
+        md.append(table(["layer", "dir", "batch", "precision", "heuristic", "timed", "timed speedup",
+                         "first call (heuristic)", "first call (timed)", "algorithms (timed)"], rows))
+        gpu_text = f"timed vs heuristic: {min(speedups):.2f}x .. {max(speedups):.2f}x per convolution"
+        holds = ("yes" if max(speedups) >= 1.1 else "no measurable gain") + \
+            ("" if min(speedups) >= 0.95 else "; sometimes slower (timing noise or a different workspace)")
+    else:
+        md.append(table(["layer", "dir", "batch", "precision", "heuristic", "timed"],
+                        [["conv2d, conv2d_1", "fwd, bwd", "64, 1024", "FP32, FP16", NO_GPU, NO_GPU]]))
+        gpu_text = holds = NO_GPU
+    summary.append(("8", "cuDNN autotuning picks faster convolutions", "n/a (GPU claim)", gpu_text, holds))
+
+    # ---- claim 9: busy fraction ----
+    md.append("## Claim 9: a well-fed GPU stays above 90 % busy\n")
+    md.append("Method (no CUPTI profiler): the device time of one step is measured by capturing the step "
+              "(forward, loss, backward, Adam; same model and batch) into a CUDA graph and replaying it 200 times "
+              "back to back between two CUDA events; the host enqueues replays faster than they run, so that is "
+              "the GPU's own time, including the ~1 µs gaps between a graph's kernels (the fraction leans high "
+              "by those; the missing batch gather, a few µs, leans it low). busy = device time per step x steps "
+              "/ the wall time of a real epoch of `fit` in the configuration.\n")
+    rows = []
+    busy_graph = None
+    for r in res.all("busy"):
+        p = r.params
+        rows.append([p["dev"].replace("gpu_", "").upper(), p["mode"], p["pipeline"], p["batch"],
+                     f"{r.get('device_step_us', 0):.1f} µs", f"{r.get('wall_step_us', 0):.1f} µs",
+                     f"{100 * r.get('busy', 0):.0f} %"])
+        if p["dev"] == "gpu_fp32" and p["mode"] == "graph" and p["pipeline"] == "resident":
+            busy_graph = busy_graph or {}
+            busy_graph[int(p["batch"])] = r.get("busy", 0)
+    if not rows:
+        rows.append(["FP32, FP16", "graph, eager", "resident, prefetch, naive", "64, 1024", NO_GPU, NO_GPU, NO_GPU])
+    md.append(table(["precision", "step", "pipeline", "batch", "GPU time / step", "wall time / step", "busy"], rows))
+    if busy_graph:
+        gpu_text = ", ".join(f"{100 * v:.0f} % at batch {b}" for b, v in sorted(busy_graph.items())) + " (FP32, graph, resident)"
+        holds = "yes" if max(busy_graph.values()) >= 0.9 else "no"
+    else:
+        gpu_text = holds = NO_GPU
+    summary.append(("9", "a well-fed GPU stays above 90 % busy", "n/a (GPU claim)", gpu_text, holds))
+
+    # ---- charts ----
+    md.append("## Charts\n")
+    charts = []
+    series = [(name, PALETTE[i], gemm_series[d], d.endswith("copies")) for i, (d, name) in enumerate(devs) if gemm_series[d]]
+    line_chart(os.path.join(out_dir, "gemm_gflops.png"), "GEMM throughput, n x n x n", "n (log scale)",
+               "GFLOP/s (log)", series)
+    charts.append(("gemm_gflops.png", "GEMM throughput by size"))
+    if NO_GPU_MODE[0]:
+        empty_chart(os.path.join(out_dir, "gemm_speedup.png"), "GEMM speedup, GPU over CPU (all threads)", NO_GPU)
+    else:
+        series = [(name, PALETTE[i], speed_series[d], d.endswith("copies"))
+                  for i, (d, name) in enumerate(devs) if d in speed_series and speed_series[d]]
+        line_chart(os.path.join(out_dir, "gemm_speedup.png"), "GEMM speedup, GPU over CPU (all threads)",
+                   "n (log scale)", "speedup (log)", series, hline=1.0, band=(50, 100),
+                   note="shaded: the article's 50-100x; dashed line: break-even")
+    charts.append(("gemm_speedup.png", "GEMM speedup of the GPU over the CPU by size"))
+    names = {("cpu_1t", None): "CPU 1 thread", ("cpu_mt", None): "CPU all threads",
+             ("gpu_fp32", "graph"): "GPU FP32 graph", ("gpu_fp32", "eager"): "GPU FP32 eager",
+             ("gpu_fp16", "graph"): "GPU FP16 graph", ("gpu_fp16", "eager"): "GPU FP16 eager"}
+    series = [(names[k], PALETTE[i], epoch_series[k], k[1] == "eager") for i, k in enumerate(names) if k in epoch_series]
+    if cpu_mt:
+        series.append(("CPU fit, measured", BLACK, [(64, cpu_mt.seconds)], False))
+    line_chart(os.path.join(out_dir, "epoch_vs_batch.png"), "Seconds per epoch (48,000 images) by batch size",
+               "batch size (log scale)", "seconds (log)", series,
+               note="CPU: projected from the step time; GPU: measured epochs" +
+               ("" if not NO_GPU_MODE[0] else f"; GPU {NO_GPU}"))
+    charts.append(("epoch_vs_batch.png", "Time per epoch by batch size, CPU and GPU"))
+    if NO_GPU_MODE[0]:
+        empty_chart(os.path.join(out_dir, "pipelines.png"), "Epoch time by input pipeline", NO_GPU)
+        empty_chart(os.path.join(out_dir, "graph_vs_eager.png"), "CUDA graph vs eager steps", NO_GPU)
+    else:
+        bar_chart(os.path.join(out_dir, "pipelines.png"), "Epoch time by input pipeline (FP32)", "seconds (log)",
+                  [g for g, _ in pipe_vals], ["resident", "prefetch", "naive"], [v for _, v in pipe_vals])
+        bar_chart(os.path.join(out_dir, "graph_vs_eager.png"), "Epoch time: CUDA graph vs eager", "seconds (log)",
+                  [g for g, _ in ge_vals], ["graph", "eager"], [v for _, v in ge_vals])
+    charts.append(("pipelines.png", "Epoch time by input pipeline"))
+    charts.append(("graph_vs_eager.png", "Epoch time, CUDA graph vs eager"))
+    for f, alt in charts:
+        md.append(f"![{alt}]({f})\n")
+
+    md.insert(summary_at, table(["#", "the article says", "CPU", "GPU", "holds?"],
+                                [list(s) for s in summary]))
+    errors = [r for r in res.rows if r.error and not r.error.startswith("no GPU")]
+    if errors:
+        md.append("## Benchmarks that failed\n")
+        md.append(table(["benchmark", "error"], [[r.group + " " + " ".join(f"{k}:{v}" for k, v in r.params.items()),
+                                                  r.error.replace("|", "/")[:200]] for r in errors]))
+    with open(os.path.join(out_dir, "results.md"), "w") as f:
+        f.write("\n".join(md) + "\n")
+    print(f"bench_report: wrote {os.path.join(out_dir, 'results.md')} and {len(charts)} charts")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) < 2:
+        sys.exit("usage: bench_report.py OUT_DIR [MORE_DIR ...] (folders with the benchmark JSON files)")
+    report(sys.argv[1], sys.argv[2:])
