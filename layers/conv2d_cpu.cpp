@@ -120,31 +120,67 @@ void direct_image(const ConvGeom& g, const float* img, const float* wt, const fl
 }
 
 // Weight and bias gradients of one run of images for kkC = kInputs, K = kFilters (both
-// fixed, so the kInputs x kFilters sums stay in registers), ReLU mask applied on the fly:
-// dWt[t][o] += x_t * dz[o], db[o] += dz[o] for every output pixel. Used when no input
+// fixed: the kInputs x kFilters/16 vector sums stay in registers), ReLU mask applied on the
+// fly: dWt[t][o] += x_t * dz[o], db[o] += dz[o] for every output pixel. Used when no input
 // gradient is needed (the first layer), where the GEMM form's 9-wide output is inefficient.
 template <int kInputs, int kFilters>
 void direct_weight_grad(const ConvGeom& g, const float* x, const float* y, const float* dy, bool relu,
                         std::int64_t n0, std::int64_t n1, float* dwt, float* db) {
-  float acc[kInputs][kFilters] = {};
-  float bacc[kFilters] = {};
+  static_assert(kFilters % cpu::kLanes == 0, "whole vectors of filters");
+  constexpr int kV = kFilters / cpu::kLanes;
+  cpu::Vec acc[kInputs][kV], bacc[kV];
+  for (int v = 0; v < kV; ++v) {
+    bacc[v] = cpu::Vec{};
+    for (int t = 0; t < kInputs; ++t) acc[t][v] = cpu::Vec{};
+  }
   float in[kMaxDirectInputs];
   for (std::int64_t n = n0; n < n1; ++n) {
     const float* img = x + n * g.h * g.w * g.c;
     for (std::int64_t oh = 0; oh < g.oh; ++oh)
       for (std::int64_t ow = 0; ow < g.ow; ++ow) {
         const std::int64_t p = ((n * g.oh + oh) * g.ow + ow) * kFilters;
+        cpu::Vec dz[kV];
+        for (int v = 0; v < kV; ++v) {
+          const cpu::Vec d = cpu::load(dy + p + v * cpu::kLanes);
+          dz[v] = relu ? (cpu::load(y + p + v * cpu::kLanes) > 0.0f ? d : cpu::Vec{}) : d;
+          bacc[v] += dz[v];
+        }
         gather_inputs(g, img, oh, ow, in);
-        float dz[kFilters];
-        for (int o = 0; o < kFilters; ++o) dz[o] = relu && y[p + o] <= 0.0f ? 0.0f : dy[p + o];
-        for (int o = 0; o < kFilters; ++o) bacc[o] += dz[o];
-        for (int t = 0; t < kInputs; ++t)
-          for (int o = 0; o < kFilters; ++o) acc[t][o] += in[t] * dz[o];
+        for (int t = 0; t < kInputs; ++t) {
+          const cpu::Vec a = cpu::splat(in[t]);
+          for (int v = 0; v < kV; ++v) acc[t][v] += a * dz[v];
+        }
       }
   }
   for (int t = 0; t < kInputs; ++t)
-    for (int o = 0; o < kFilters; ++o) dwt[t * kFilters + o] = acc[t][o];
-  for (int o = 0; o < kFilters; ++o) db[o] = bacc[o];
+    for (int v = 0; v < kV; ++v) cpu::store(dwt + t * kFilters + v * cpu::kLanes, acc[t][v]);
+  for (int v = 0; v < kV; ++v) cpu::store(db + v * cpu::kLanes, bacc[v]);
+}
+
+// The forward counterpart for fixed kInputs and kFilters: per pixel, kFilters/16 vector
+// accumulators, kInputs broadcasts.
+template <int kInputs, int kFilters>
+void direct_image_fixed(const ConvGeom& g, const float* img, const float* wt, const float* bias, bool relu,
+                        float* out) {
+  static_assert(kFilters % cpu::kLanes == 0, "whole vectors of filters");
+  constexpr int kV = kFilters / cpu::kLanes;
+  cpu::Vec w[kInputs][kV], b[kV];
+  for (int v = 0; v < kV; ++v) {
+    b[v] = cpu::load(bias + v * cpu::kLanes);
+    for (int t = 0; t < kInputs; ++t) w[t][v] = cpu::load(wt + t * kFilters + v * cpu::kLanes);
+  }
+  float in[kMaxDirectInputs];
+  for (std::int64_t oh = 0; oh < g.oh; ++oh)
+    for (std::int64_t ow = 0; ow < g.ow; ++ow, out += kFilters) {
+      gather_inputs(g, img, oh, ow, in);
+      cpu::Vec acc[kV];
+      for (int v = 0; v < kV; ++v) acc[v] = b[v];
+      for (int t = 0; t < kInputs; ++t) {
+        const cpu::Vec a = cpu::splat(in[t]);
+        for (int v = 0; v < kV; ++v) acc[v] += a * w[t][v];
+      }
+      for (int v = 0; v < kV; ++v) cpu::store(out + v * cpu::kLanes, relu ? cpu::relu(acc[v]) : acc[v]);
+    }
 }
 
 }  // namespace
@@ -263,7 +299,7 @@ void Conv2D::forward_direct(const Tensor& x, Tensor& y) {
     for (std::int64_t n = n0; n < n1; ++n) {
       const float* img = xp + n * in_size;
       float* out = yp + n * out_size;
-      if (g.kk_c == 9 && K == 32) direct_image<9, 32>(g, img, wt, bp, relu, out);  // the model's first layer
+      if (g.kk_c == 9 && K == 32) direct_image_fixed<9, 32>(g, img, wt, bp, relu, out);  // the model's first layer
       else if (K == 32) direct_image<0, 32>(g, img, wt, bp, relu, out);
       else if (K == 64) direct_image<0, 64>(g, img, wt, bp, relu, out);
       else direct_image<0, 0>(g, img, wt, bp, relu, out);
@@ -335,10 +371,11 @@ void Conv2D::backward_implicit(const Tensor& dy, Tensor& dx) {
     float* db = dwt + g.kk_c * K;
     std::fill(dwt, dwt + part, 0.0f);
     for (std::int64_t p = p0; p < p1; ++p)
-      for (std::int64_t o = 0; o < K; ++o) {
-        const float d = relu && yp[p * K + o] <= 0.0f ? 0.0f : dyp[p * K + o];
-        dzm[p * K + o] = d;
-        db[o] += d;
+      for (std::int64_t o = 0; o < K; o += cpu::kLanes) {  // K is a multiple of 16 on this path
+        const cpu::Vec d = cpu::load(dyp + p * K + o);
+        const cpu::Vec dz = relu ? (cpu::load(yp + p * K + o) > 0.0f ? d : cpu::Vec{}) : d;
+        cpu::store(dzm + p * K + o, dz);
+        cpu::store(db + o, cpu::load(db + o) + dz);
       }
     switch (vecs) {
       case 4: implicit_wgrad<4>(g, x_.data<float>(), dzm, p0, p1, dwt); break;
