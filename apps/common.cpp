@@ -1,6 +1,8 @@
 // common.cpp: shared app helpers (see common.h).
 #include "apps/common.h"
 
+#include "apps/atomic_file.h"
+
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -62,21 +64,7 @@ std::string one_line(const std::string& s) {
 }
 
 void write_file_atomic(const std::string& path, const std::string& text) {
-  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
-  {
-    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    if (!f) throw std::runtime_error(path + ": cannot write (" + tmp + ")");
-    f << text;
-    f.flush();
-    if (!f) {
-      std::remove(tmp.c_str());
-      throw std::runtime_error(path + ": write failed");
-    }
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    std::remove(tmp.c_str());
-    throw std::runtime_error(path + ": cannot rename the temporary file into place");
-  }
+  write_bytes_atomic(path, text.data(), text.size());
 }
 
 namespace {
@@ -135,6 +123,8 @@ void print_gpu_report(Sequential& model, bool fp16) {
     const std::string c = l->gpu_config();
     std::printf("  %-16s %-13s %s\n", l->name().c_str(), l->type().c_str(), c.empty() ? "custom kernel" : c.c_str());
   }
+  const std::string info = model.gpu_training_info();
+  if (!info.empty()) std::printf("  training step: %s\n", info.c_str());
   const DeviceAllocator& a = DeviceAllocator::instance();
   std::printf("  device memory: %s in use, peak %s, reserved %s%s\n", format_bytes(a.in_use()).c_str(),
               format_bytes(a.peak()).c_str(), format_bytes(a.reserved()).c_str(),

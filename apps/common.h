@@ -18,8 +18,8 @@ std::string cpu_model_name();
 // Newlines and tabs become spaces: errors print as one line.
 std::string one_line(const std::string& s);
 
-// Writes `text` to `path` atomically: a temporary file in the same folder, flushed, then
-// renamed over the target, so a crash never leaves half a file.
+// Writes `text` to `path` atomically (apps/atomic_file.h: a temporary file in the same
+// folder, synced, then renamed over the target), so a crash never leaves half a file.
 void write_file_atomic(const std::string& path, const std::string& text);
 
 struct RunInfo {

@@ -3,7 +3,11 @@
 //   train_mnist --data DIR                      # GPU if there is one, else CPU
 //   train_mnist --device cpu --threads 2
 //   train_mnist --device gpu --fp16 --batch-size 1024
+//   train_mnist --save run.ckpt --plot run.png   # checkpoint and curves after every epoch
+//   train_mnist --resume run.ckpt --epochs 10    # continue a saved run
+#include <algorithm>
 #include <atomic>
+#include <cctype>
 #include <cmath>
 #include <csignal>
 #include <cstdio>
@@ -14,6 +18,7 @@
 #include <string>
 #include <unistd.h>
 
+#include "apps/checkpoint.h"
 #include "apps/common.h"
 #include "apps/flags.h"
 #include "apps/progress.h"
@@ -25,16 +30,63 @@
 #include "layers/sequential.h"
 #include "optim/adam.h"
 #include "optim/sgd.h"
+#if MF_WITH_STB
+#include "apps/plot.h"
+#endif
 #include "tensor/parallel.h"
 #include "tensor/rng.h"
 
 namespace {
 
 std::atomic<bool> g_stop{false};
-extern "C" void on_sigint(int) { g_stop.store(true); }
+static_assert(std::atomic<bool>::is_always_lock_free, "the SIGINT handler needs a lock-free flag");
+// First Ctrl-C: finish the current step, save, report. Second: leave at once (only
+// async-signal-safe calls here: write and _exit).
+extern "C" void on_sigint(int) {
+  if (g_stop.exchange(true)) {
+    static const char kMsg[] = "\ntrain_mnist: interrupted again: exiting now\n";
+    (void)!::write(STDERR_FILENO, kMsg, sizeof kMsg - 1);
+    ::_exit(130);
+  }
+  static const char kMsg[] = "\ntrain_mnist: stopping after this step (Ctrl-C again to quit at once)\n";
+  (void)!::write(STDERR_FILENO, kMsg, sizeof kMsg - 1);
+}
+
+// sigaction rather than std::signal, whose System V flavour resets the handler after the
+// first signal (the second Ctrl-C would then kill the process without a word).
+void set_sigint(void (*handler)(int)) {
+  struct sigaction sa {};
+  sa.sa_handler = handler;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = SA_RESTART;
+  sigaction(SIGINT, &sa, nullptr);
+}
+
+// Fails early (before any training) when `path` could not be written: its folder is missing
+// or not writable.
+void check_output_path(const char* flag, const std::string& path) {
+  if (path.empty()) return;
+  const auto slash = path.find_last_of('/');
+  const std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
+  if (::access(dir.c_str(), W_OK) != 0)
+    throw std::invalid_argument(std::string("--") + flag + " " + path + ": folder " + dir +
+                                " does not exist or is not writable");
+}
+
+std::string gnum(double v) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%g", v);
+  return b;
+}
+
+std::string lower(std::string s) {
+  for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return s;
+}
 
 struct Options {
   std::string device = "auto", data_dir, metrics_json, optimizer = "adam", pipeline = "auto", conv_algo = "find";
+  std::string save, resume, plot;
   std::int64_t epochs = 5, batch_size = 64, seed = 0, threads = 0, gpu = 0, gpu_memory_limit_mb = 0,
                workspace_mb = 64, limit_train = 0;
   double lr = 1e-3, momentum = 0.0, validation_split = 0.2, min_accuracy = 0.0;
@@ -73,6 +125,13 @@ int main(int argc, char** argv) {
   flags.add_int("workspace-mb", &o.workspace_mb, 0, 1 << 20, "GPU: cuDNN workspace limit in MiB");
   flags.add_bool("verbose", &o.verbose, "print per-layer GPU algorithms and memory use");
   flags.add_bool("quiet", &o.quiet, "no progress bar, one line per epoch");
+  flags.add_string("save", &o.save,
+                   "checkpoint here after every epoch and on Ctrl-C (mid-epoch: saved as not done, --resume reruns "
+                   "that epoch)");
+  flags.add_string("resume", &o.resume,
+                   "continue the run in this checkpoint up to --epochs (its seed, batch size, precision, optimizer "
+                   "and data split; a flag that differs is an error)");
+  flags.add_string("plot", &o.plot, "write loss and accuracy curves (PNG) here after every epoch");
 
   try {
     if (!flags.parse(argc, argv)) return 0;
@@ -82,6 +141,50 @@ int main(int argc, char** argv) {
   }
 
   try {
+    check_output_path("save", o.save);
+    check_output_path("plot", o.plot);
+    check_output_path("metrics-json", o.metrics_json);
+#if !MF_WITH_STB
+    if (!o.plot.empty())
+      throw std::invalid_argument("--plot: this build has no PNG support (the stb headers, libstb-dev, were not found)");
+#endif
+    // ---- resume: the checkpoint is read and checked in full before anything else ----
+    apps::CheckpointFile resume;
+    if (!o.resume.empty()) {
+      resume = apps::read_checkpoint(o.resume);
+      const apps::CheckpointMeta& m = resume.contents.meta;
+      auto differs = [&](const char* flag, const std::string& given, const std::string& saved) {
+        throw std::invalid_argument("--resume " + o.resume + ": --" + flag + " " + given + " differs from the " +
+                                    saved + " the run was saved with (leave --" + flag +
+                                    " out to continue with the saved value)");
+      };
+      if (flags.given("seed") && static_cast<std::uint64_t>(o.seed) != m.seed)
+        differs("seed", std::to_string(o.seed), std::to_string(m.seed));
+      o.seed = static_cast<std::int64_t>(m.seed);
+      if (flags.given("batch-size") && o.batch_size != m.batch_size)
+        differs("batch-size", std::to_string(o.batch_size), std::to_string(m.batch_size));
+      o.batch_size = m.batch_size;
+      if (flags.given("fp16") && o.fp16 != m.fp16)
+        throw std::invalid_argument("--resume " + o.resume +
+                                    ": the run was saved in fp32; --fp16 cannot be switched on when resuming it");
+      o.fp16 = m.fp16;
+      if (m.optimizer.empty())
+        throw std::invalid_argument("--resume " + o.resume + ": holds weights only (no optimizer state)");
+      if (flags.given("optimizer") && o.optimizer != lower(m.optimizer))
+        differs("optimizer", o.optimizer, "optimizer " + m.optimizer);
+      o.optimizer = lower(m.optimizer);
+      if (flags.given("validation-split") && o.validation_split != m.validation_split)
+        differs("validation-split", gnum(o.validation_split), "split " + gnum(m.validation_split));
+      o.validation_split = m.validation_split;
+      if (flags.given("limit-train") && o.limit_train != m.limit_train)
+        differs("limit-train", std::to_string(o.limit_train), "limit " + std::to_string(m.limit_train));
+      o.limit_train = m.limit_train;
+      // The learning rate and momentum may change on purpose (fine-tuning); default: saved.
+      if (!flags.given("lr") && m.lr > 0) o.lr = m.lr;
+      if (!flags.given("momentum")) o.momentum = m.momentum;
+      if (o.batch_size < 1) throw std::invalid_argument("--resume " + o.resume + ": saved batch size is not positive");
+    }
+
     if (o.threads > 0) set_num_threads(static_cast<int>(o.threads));
     // ---- device ----
     Device device = Device::kCpu;
@@ -91,6 +194,9 @@ int main(int argc, char** argv) {
       select_gpu(static_cast<int>(o.gpu));
       if (o.gpu_memory_limit_mb > 0)
         DeviceAllocator::instance().set_limit(static_cast<std::size_t>(o.gpu_memory_limit_mb) << 20);
+    } else if (o.fp16 && !o.resume.empty() && !flags.given("fp16")) {
+      throw std::invalid_argument("--resume " + o.resume +
+                                  ": the run was saved in mixed precision (fp16), which needs the GPU (--device gpu)");
     } else if (o.fp16) {
       throw std::invalid_argument(
           "--fp16 needs the GPU: the CPU path computes in FP32 (use --device gpu, or drop --fp16)");
@@ -121,6 +227,53 @@ int main(int argc, char** argv) {
     }
     model.compile(std::move(opt));
 
+    // Where the run stands: the saved epochs (when resuming) followed by this run's.
+    std::vector<EpochLog> all_epochs;
+    int initial_epoch = 0;
+    bool resumed_partial = false;
+    if (!o.resume.empty()) {
+      apps::restore_checkpoint(resume.contents, reinterpret_cast<const std::uint8_t*>(resume.bytes.data()), o.resume,
+                               model, model.optimizer());
+      const apps::CheckpointMeta& m = resume.contents.meta;
+      initial_epoch = m.epoch;
+      resumed_partial = m.partial_epoch;
+      for (const EpochLog& e : m.history)
+        if (e.epoch < m.epoch) all_epochs.push_back(e);
+      std::printf("Resuming %s: %d epoch(s) done%s, %lld optimizer steps\n", o.resume.c_str(), m.epoch,
+                  m.partial_epoch ? (", epoch " + std::to_string(m.epoch + 1) + " was interrupted and restarts").c_str()
+                                  : "",
+                  static_cast<long long>(model.optimizer()->iterations()));
+      if (initial_epoch >= o.epochs)
+        std::fprintf(stderr, "train_mnist: note: the checkpoint already has %d epoch(s) and --epochs is %lld: "
+                             "nothing to train (raise --epochs to continue)\n",
+                     initial_epoch, static_cast<long long>(o.epochs));
+    }
+    apps::CheckpointMeta meta;
+    meta.seed = static_cast<std::uint64_t>(o.seed);
+    meta.batch_size = o.batch_size;
+    meta.fp16 = o.fp16;
+    meta.lr = o.lr;
+    meta.momentum = o.momentum;
+    meta.validation_split = o.validation_split;
+    meta.limit_train = o.limit_train;
+    meta.device = device_name(device);
+    auto save = [&](int epochs_done, bool partial) {
+      if (o.save.empty()) return;
+      meta.epoch = epochs_done;
+      meta.partial_epoch = partial;
+      meta.history = all_epochs;
+      meta.created.clear();
+      apps::save_checkpoint(o.save, model, model.optimizer(), meta);
+    };
+    auto plot = [&] {
+#if MF_WITH_STB
+      if (o.plot.empty() || all_epochs.empty()) return;
+      apps::write_training_plot(o.plot, all_epochs,
+                                std::string("MNIST CNN, ") + device_name(device) + (o.fp16 ? ", fp16" : ", fp32") +
+                                    ", batch " + std::to_string(o.batch_size) + ", " + model.optimizer()->name());
+#endif
+    };
+
     const std::string hw = apps::hardware_description(device, static_cast<int>(o.gpu));
     std::printf("Training on %s (%s), %s, batch %lld, %lld training / %lld validation images, %s\n",
                 device_name(device), hw.c_str(), o.fp16 ? "mixed precision fp16" : "fp32",
@@ -132,6 +285,7 @@ int main(int argc, char** argv) {
     fo.epochs = static_cast<int>(o.epochs);
     fo.batch_size = o.batch_size;
     fo.seed = static_cast<std::uint64_t>(o.seed);
+    fo.initial_epoch = std::min(initial_epoch, fo.epochs);
     fo.use_graph = !o.no_graph;
     fo.pipeline = o.pipeline == "resident" ? Pipeline::kResident
                   : o.pipeline == "prefetch" ? Pipeline::kPrefetch
@@ -145,21 +299,39 @@ int main(int argc, char** argv) {
     cb.on_progress = [&](const Progress& p) { progress.update(p); };
     cb.on_epoch_end = [&](const EpochLog& e) {
       progress.epoch_end(e);
+      all_epochs.push_back(e);
+      save(e.epoch + 1, false);
+      plot();
       if (o.verbose && device == Device::kGpu) apps::print_gpu_report(model, o.fp16);
     };
-    std::signal(SIGINT, on_sigint);
+    set_sigint(on_sigint);
     cb.should_stop = [] { return g_stop.load(); };
 
     const History h = model.fit(split.train, split.validation.count ? &split.validation : nullptr, fo, cb);
-    std::signal(SIGINT, SIG_DFL);
-    if (h.interrupted) std::printf("\nInterrupted after %d complete epoch(s).\n", h.completed_epochs);
+    if (h.interrupted) {
+      std::printf("\nInterrupted after %d complete epoch(s).\n", h.completed_epochs);
+      // The interrupted epoch's weights are saved, marked as not done: resuming reruns it.
+      save(h.completed_epochs, true);
+      if (!o.save.empty())
+        std::printf("Saved %s; continue with --resume %s (epoch %d restarts).\n", o.save.c_str(), o.save.c_str(),
+                    h.completed_epochs + 1);
+    } else {
+      // Every finished epoch was saved as it ended; this covers a resumed run with nothing
+      // left to train saved under another name (keeping the saved epoch's state).
+      save(h.completed_epochs, h.epochs.empty() && resumed_partial);
+    }
+    plot();
+    set_sigint(SIG_DFL);
 
     const EvalResult test = model.evaluate(mnist.test);
     std::printf("Test loss: %.4f - Test accuracy: %.4f (%lld images)\n", test.loss, test.accuracy,
                 static_cast<long long>(test.count));
     if (!o.metrics_json.empty()) {
       apps::RunInfo info{device, o.fp16, o.batch_size, num_threads(), hw, mnist.dir, o.seed};
-      apps::write_metrics_json(o.metrics_json, info, h, test, model);
+      History all = h;
+      all.epochs = all_epochs;
+      if (h.interrupted && !h.epochs.empty()) all.epochs.push_back(h.epochs.back());  // the partial epoch
+      apps::write_metrics_json(o.metrics_json, info, all, test, model);
     }
     if (h.interrupted) return 130;
     if (test.accuracy < o.min_accuracy) {

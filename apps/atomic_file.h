@@ -1,0 +1,21 @@
+// atomic_file.h: durable, all-or-nothing file writes (checkpoints, plots, PNG grids).
+#pragma once
+#include <cstddef>
+#include <string>
+
+namespace mf::apps {
+
+// Writes `size` bytes to `path` so that a reader sees either the old file or the whole new
+// one, never a mix, even if the process or the machine dies half way:
+//   1. a temporary file "<path>.tmp.<pid>" in the SAME folder (rename is only atomic within
+//      one file system), 2. write everything, fsync it (the data reach the disk before the
+//      name does), 3. rename() over the target, 4. fsync the folder (the rename itself).
+// On any failure the temporary file is removed, the old `path` is left as it was, and
+// std::runtime_error says "<path>: <what failed>: <strerror>".
+void write_bytes_atomic(const std::string& path, const void* data, std::size_t size);
+
+// Reads a whole file. Throws std::runtime_error "<path>: <why>" if it cannot be opened or
+// read, or is larger than `max_bytes` (a guard against reading a disk image by mistake).
+std::string read_file_bytes(const std::string& path, std::size_t max_bytes = std::size_t{1} << 32);
+
+}  // namespace mf::apps

@@ -1,0 +1,170 @@
+// predict.cpp: classifies image files of handwritten digits with a trained checkpoint, and
+// draws the test digits a checkpoint gets wrong.
+//
+//   predict --model mnist.ckpt digit.png photo.jpg      # top-3 classes per file
+//   predict --model mnist.ckpt --ascii digit.png        # also show what the model sees
+//   predict --model mnist.ckpt --grid wrong.png         # misclassified test digits, labelled
+#include <algorithm>
+#include <cstdio>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "apps/checkpoint.h"
+#include "apps/common.h"
+#include "apps/flags.h"
+#include "apps/image.h"
+#include "apps/plot.h"
+#include "data/batching.h"
+#include "data/mnist.h"
+#include "kernels/errors.h"
+#include "kernels/gpu_runtime.h"
+#include "layers/sequential.h"
+#include "tensor/rng.h"
+
+namespace {
+
+using namespace mf;
+
+void print_ascii(const std::vector<float>& px) {
+  static const char kRamp[] = " .:-=+*#%@";
+  for (int y = 0; y < apps::kMnistSide; ++y) {
+    std::string row = "    ";
+    for (int x = 0; x < apps::kMnistSide; ++x) {
+      const float v = px[static_cast<std::size_t>(y) * apps::kMnistSide + x];
+      row += kRamp[std::min(9, static_cast<int>(v * 10.0f))];
+    }
+    std::printf("%s\n", row.c_str());
+  }
+}
+
+// Misclassified test digits in a grid, each labelled "true→predicted".
+void write_grid(Sequential& model, const std::string& data_dir, const std::string& path, std::int64_t max_cells) {
+  const data::Mnist mnist = data::load_mnist(data_dir);
+  const data::Dataset& test = mnist.test;
+  const std::int64_t side = test.rows;
+  Tensor x = Tensor::empty(Shape{test.count, test.rows, test.cols, 1});
+  std::vector<std::int32_t> idx(static_cast<std::size_t>(test.count)), labels(idx.size());
+  std::iota(idx.begin(), idx.end(), 0);
+  data::gather_batch(test, idx.data(), test.count, x.data<float>(), labels.data());
+  const Tensor probs = model.predict(x);
+  const std::int64_t classes = probs.dim(1);
+  const float* p = probs.data<float>();
+  std::vector<std::pair<std::int64_t, int>> wrong;  // (index, predicted)
+  for (std::int64_t i = 0; i < test.count; ++i) {
+    const float* row = p + i * classes;
+    const int pred = static_cast<int>(std::max_element(row, row + classes) - row);
+    if (pred != labels[static_cast<std::size_t>(i)]) wrong.emplace_back(i, pred);
+  }
+  const double acc = 1.0 - static_cast<double>(wrong.size()) / static_cast<double>(test.count);
+  const std::int64_t shown = std::min<std::int64_t>(max_cells, static_cast<std::int64_t>(wrong.size()));
+
+  constexpr int kScale = 2, kCols = 10, kPad = 6, kLabelH = 16, kTitleH = 28;
+  const int cell_w = static_cast<int>(side) * kScale + 2 * kPad, cell_h = static_cast<int>(side) * kScale + kLabelH + kPad;
+  const int rows = std::max<int>(1, static_cast<int>((shown + kCols - 1) / kCols));
+  apps::Canvas cv(kCols * cell_w, kTitleH + rows * cell_h, {245, 245, 245});
+  char title[160];
+  std::snprintf(title, sizeof title, "%zu of %lld test digits misclassified (accuracy %.2f%%), %lld shown: true%spredicted",
+                wrong.size(), static_cast<long long>(test.count), 100.0 * acc, static_cast<long long>(shown),
+                "\xe2\x86\x92");
+  cv.text(8, 9, title, {30, 30, 30});
+  for (std::int64_t k = 0; k < shown; ++k) {
+    const auto [i, pred] = wrong[static_cast<std::size_t>(k)];
+    const int cx = static_cast<int>(k % kCols) * cell_w + kPad, cy = kTitleH + static_cast<int>(k / kCols) * cell_h;
+    const std::uint8_t* img = test.images.data() + i * test.sample_size();
+    for (std::int64_t y = 0; y < side; ++y)
+      for (std::int64_t xx = 0; xx < side; ++xx) {
+        const std::uint8_t v = img[y * side + xx];
+        cv.fill_rect(cx + static_cast<int>(xx) * kScale, cy + static_cast<int>(y) * kScale,
+                     cx + static_cast<int>(xx + 1) * kScale, cy + static_cast<int>(y + 1) * kScale, {v, v, v});
+      }
+    const std::string label = std::to_string(labels[static_cast<std::size_t>(i)]) + "\xe2\x86\x92" + std::to_string(pred);
+    const int lw = apps::Canvas::text_width(label);
+    cv.text(cx + static_cast<int>(side) * kScale / 2 - lw / 2, cy + static_cast<int>(side) * kScale + 4, label,
+            {200, 30, 30});
+  }
+  cv.write_png(path);
+  std::printf("%zu of %lld test images misclassified (accuracy %.2f%%); wrote %lld of them to %s\n", wrong.size(),
+              static_cast<long long>(test.count), 100.0 * acc, static_cast<long long>(shown), path.c_str());
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string model_path, device_name_flag = "cpu", grid, data_dir = apps::default_data_dir();
+  std::int64_t top = 3, grid_max = 100;
+  bool ascii = false;
+  apps::Flags flags("predict", "--model CKPT [flags] IMAGE...\n\n"
+                               "Classifies images of handwritten digits (PNG, JPEG, BMP) with a checkpoint\n"
+                               "written by train_mnist --save. Each image is prepared as MNIST's digits were: grey,\n"
+                               "white ink on black (dark-on-light images are inverted), cropped to the ink, scaled to\n"
+                               "fit 20x20 and centred by its centre of mass in 28x28.");
+  flags.allow_positional("IMAGE");
+  flags.add_string("model", &model_path, "checkpoint to load (train_mnist --save)");
+  flags.add_int("top", &top, 1, 10, "classes to print per image");
+  flags.add_string("device", &device_name_flag, "where to run the model", {"cpu", "gpu", "auto"});
+  flags.add_bool("ascii", &ascii, "print each image as the model sees it (28x28, after preprocessing)");
+  flags.add_string("grid", &grid, "write a PNG grid of the misclassified test digits here, labelled true->predicted");
+  flags.add_string("data", &data_dir, "folder with the MNIST IDX files, for --grid");
+  flags.add_int("grid-max", &grid_max, 1, 10000, "at most this many digits in the --grid image");
+  try {
+    if (!flags.parse(argc, argv)) return 0;
+    if (model_path.empty()) throw apps::FlagError("--model is required (a checkpoint from train_mnist --save)");
+    if (flags.positional().empty() && grid.empty())
+      throw apps::FlagError("give image files to classify, or --grid PATH (see --help)");
+  } catch (const apps::FlagError& e) {
+    std::fprintf(stderr, "predict: error: %s\n", e.what());
+    return 2;
+  }
+
+  try {
+    Rng rng(0);
+    Sequential model = Sequential::mnist_cnn(rng);
+    apps::load_checkpoint(model_path, model, nullptr);
+    if (device_name_flag == "gpu" || (device_name_flag == "auto" && gpu_available())) {
+      if (!gpu_available()) throw NoGpuError("--device gpu: " + gpu_status().reason);
+      model.to(Device::kGpu);
+    }
+
+    int failed = 0;
+    std::vector<std::string> ok_paths;
+    std::vector<float> pixels;
+    for (const std::string& path : flags.positional()) {
+      try {
+        const std::vector<float> px = apps::mnist_preprocess(apps::read_gray_image(path), path);
+        pixels.insert(pixels.end(), px.begin(), px.end());
+        ok_paths.push_back(path);
+      } catch (const apps::ImageError& e) {
+        std::fprintf(stderr, "predict: error: %s\n", apps::one_line(e.what()).c_str());
+        ++failed;
+      }
+    }
+    if (!ok_paths.empty()) {
+      const auto n = static_cast<std::int64_t>(ok_paths.size());
+      const Tensor probs =
+          model.predict(Tensor::from_vector(Shape{n, apps::kMnistSide, apps::kMnistSide, 1}, pixels));
+      const std::int64_t classes = probs.dim(1);
+      for (std::int64_t i = 0; i < n; ++i) {
+        const float* p = probs.data<float>() + i * classes;
+        std::vector<int> order(static_cast<std::size_t>(classes));
+        std::iota(order.begin(), order.end(), 0);
+        std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return p[a] > p[b]; });
+        std::string line = ok_paths[static_cast<std::size_t>(i)] + ":";
+        for (std::int64_t k = 0; k < std::min(top, classes); ++k) {
+          char b[48];
+          std::snprintf(b, sizeof b, "%s %d (%.2f%%)", k ? "," : "", order[k], 100.0 * p[order[k]]);
+          line += b;
+        }
+        std::printf("%s\n", line.c_str());
+        if (ascii)
+          print_ascii(std::vector<float>(pixels.begin() + i * apps::kMnistSide * apps::kMnistSide,
+                                         pixels.begin() + (i + 1) * apps::kMnistSide * apps::kMnistSide));
+      }
+    }
+    if (!grid.empty()) write_grid(model, data_dir, grid, grid_max);
+    return failed ? 1 : 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "predict: error: %s\n", apps::one_line(e.what()).c_str());
+    return 1;
+  }
+}

@@ -1,0 +1,20 @@
+// fuzz_checkpoint.cpp: libFuzzer target for the checkpoint reader: parse_checkpoint, with
+// the checksum checked (what users get) and skipped (so mutations reach the decoder), then
+// restore_checkpoint into a model the seeds fit. Only CheckpointError may come out.
+#include <cstddef>
+#include <cstdint>
+
+#include "apps/checkpoint.h"
+#include "fuzz/fuzz_model.h"
+
+extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
+  static mf::Sequential model = mf::fuzz::small_model(1);
+  for (bool verify : {true, false}) {
+    try {
+      const mf::apps::CheckpointContents c = mf::apps::parse_checkpoint(data, size, "fuzz-input", verify);
+      mf::apps::restore_checkpoint(c, data, "fuzz-input", model, model.optimizer());
+    } catch (const mf::apps::CheckpointError&) {
+    }
+  }
+  return 0;
+}

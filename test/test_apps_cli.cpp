@@ -1,0 +1,177 @@
+// test_apps_cli.cpp: train_mnist from the command line: every bad flag or input exits
+// non-zero with exactly one line on stderr naming the problem; a short real run writes its
+// metrics, plot and checkpoint, and resumes from it.
+#include <gtest/gtest.h>
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "apps/atomic_file.h"
+#include "apps/checkpoint.h"
+#include "apps/common.h"
+#include "data/idx.h"
+#include "kernels/gpu_runtime.h"
+#include "test/test_util.h"
+#if MF_WITH_STB
+#include "apps/image.h"
+#endif
+
+namespace fs = std::filesystem;
+using namespace mf;
+
+namespace {
+
+class TempDir {
+ public:
+  explicit TempDir(const std::string& tag = "") {
+    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+    path_ = fs::temp_directory_path() /
+            ("mf_cli_" + std::string(info->name()) + tag + "_" + std::to_string(::getpid()));
+    fs::remove_all(path_);
+    fs::create_directories(path_);
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path_, ec);
+  }
+  std::string file(const std::string& name) const { return (path_ / name).string(); }
+
+ private:
+  fs::path path_;
+};
+
+struct RunResult {
+  int status;
+  std::string out, err;
+};
+
+RunResult run(const char* bin, const std::string& args, const TempDir& dir) {
+  const std::string out = dir.file("stdout.txt"), err = dir.file("stderr.txt");
+  const std::string cmd = std::string(bin) + " " + args + " > " + out + " 2> " + err + " < /dev/null";
+  const int st = std::system(cmd.c_str());
+  return {WIFEXITED(st) ? WEXITSTATUS(st) : -1, apps::read_file_bytes(out), apps::read_file_bytes(err)};
+}
+
+int count_lines(const std::string& s) {
+  int n = 0;
+  for (char c : s) n += c == '\n';
+  return n;
+}
+
+// Exits non-zero; stderr is one line, "train_mnist: error: ...", containing `expect`.
+void expect_one_line_error(const std::string& args, const std::string& expect) {
+  SCOPED_TRACE("train_mnist " + args);
+  TempDir dir("_run");
+  const RunResult r = run(MF_TRAIN_MNIST_BIN, args, dir);
+  EXPECT_NE(r.status, 0);
+  EXPECT_EQ(count_lines(r.err), 1) << "stderr:\n" << r.err;
+  EXPECT_EQ(r.err.rfind("train_mnist: error: ", 0), 0u) << r.err;
+  EXPECT_NE(r.err.find(expect), std::string::npos) << "stderr: " << r.err;
+}
+
+std::string mnist_dir() {
+  const char* d = std::getenv("MF_MNIST_DIR");
+  return d && *d ? d : apps::default_data_dir();
+}
+
+}  // namespace
+
+TEST(TrainMnistCli, BadFlagsGiveOneLine) {
+  expect_one_line_error("--batch-size 0", "--batch-size must be between 1 and");
+  expect_one_line_error("--epochs -1", "--epochs must be between 1 and");
+  expect_one_line_error("--validation-split 1.5", "--validation-split must be in [0, 1)");
+  expect_one_line_error("--lr abc", "--lr expects a number, got 'abc'");
+  expect_one_line_error("--frobnicate", "unknown flag --frobnicate");
+  expect_one_line_error("--epochs", "--epochs needs a value");
+  expect_one_line_error("--device tpu", "--device must be one of auto, cpu, gpu");
+  expect_one_line_error("--fp16 --device cpu", "--fp16 needs the GPU");
+}
+
+TEST(TrainMnistCli, BadDataGivesOneLine) {
+  expect_one_line_error("--data /nonexistent/mnist", "/nonexistent/mnist");
+  // A folder with the four files, the training images cut short.
+  TempDir dir;
+  const std::vector<std::uint8_t> img(20 * 28 * 28, 7), lab(20, 3);
+  data::write_idx(dir.file("train-images-idx3-ubyte"), {20, 28, 28}, img, false);
+  data::write_idx(dir.file("train-labels-idx1-ubyte"), {20}, lab, false);
+  data::write_idx(dir.file("t10k-images-idx3-ubyte"), {20, 28, 28}, img, false);
+  data::write_idx(dir.file("t10k-labels-idx1-ubyte"), {20}, lab, false);
+  fs::resize_file(dir.file("train-images-idx3-ubyte"), 16 + 28 * 28 * 5 + 100);
+  expect_one_line_error("--device cpu --data " + dir.file(""), "train-images-idx3-ubyte");
+}
+
+TEST(TrainMnistCli, MissingGpuGivesOneLine) {
+  if (gpu_available()) GTEST_SKIP() << "this machine has a GPU";
+  expect_one_line_error("--device gpu", "--device gpu");
+}
+
+TEST(TrainMnistCli, BadOutputAndCheckpointPathsGiveOneLine) {
+  expect_one_line_error("--save /nonexistent/dir/run.ckpt", "--save /nonexistent/dir/run.ckpt: folder");
+  expect_one_line_error("--plot /nonexistent/dir/p.png", "--plot /nonexistent/dir/p.png: folder");
+  expect_one_line_error("--resume /nonexistent/run.ckpt", "/nonexistent/run.ckpt: cannot open");
+  TempDir dir;
+  std::FILE* f = std::fopen(dir.file("junk.ckpt").c_str(), "wb");
+  std::fputs("junk", f);
+  std::fclose(f);
+  expect_one_line_error("--resume " + dir.file("junk.ckpt"), "not a microflow checkpoint");
+}
+
+TEST(TrainMnistCli, ShortRunWritesMetricsPlotCheckpointAndResumes) {
+  const std::string data = mnist_dir();
+  if (!fs::exists(data)) GTEST_SKIP() << "no MNIST at " << data;
+  TempDir dir;
+  const std::string ckpt = dir.file("run.ckpt"), plot = dir.file("run.png"), json = dir.file("run.json");
+  const std::string common = "--device cpu --data " + data + " --quiet --save " + ckpt + " --plot " + plot +
+                             " --metrics-json " + json;
+  RunResult r = run(MF_TRAIN_MNIST_BIN, common + " --limit-train 1000 --epochs 1 --validation-split 0.02", dir);
+  ASSERT_EQ(r.status, 0) << r.err;
+  std::string j = apps::read_file_bytes(json);
+  EXPECT_NE(j.find("\"test_accuracy\""), std::string::npos) << j;
+  EXPECT_NE(j.find("\"epoch\": 1"), std::string::npos) << j;
+#if MF_WITH_STB
+  int w = 0, h = 0, c = 0;
+  EXPECT_TRUE(apps::image_info(plot, &w, &h, &c));
+#endif
+  apps::CheckpointFile f = apps::read_checkpoint(ckpt);
+  EXPECT_EQ(f.contents.meta.epoch, 1);
+  EXPECT_FALSE(f.contents.meta.partial_epoch);
+  EXPECT_EQ(f.contents.meta.limit_train, 1000);
+  EXPECT_EQ(f.contents.meta.batch_size, 64);
+
+  // A flag that contradicts the checkpoint.
+  {
+    SCOPED_TRACE("resume with another batch size");
+    r = run(MF_TRAIN_MNIST_BIN, "--device cpu --data " + data + " --resume " + ckpt + " --batch-size 32", dir);
+    EXPECT_NE(r.status, 0);
+    EXPECT_EQ(count_lines(r.err), 1) << r.err;
+    EXPECT_NE(r.err.find("--batch-size 32 differs from the 64 the run was saved with"), std::string::npos) << r.err;
+  }
+
+  // Resume: the split, limit and batch size come from the checkpoint.
+  r = run(MF_TRAIN_MNIST_BIN, common + " --resume " + ckpt + " --epochs 2", dir);
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.out.find("Resuming " + ckpt + ": 1 epoch(s) done"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("Epoch 2/2"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("Epoch 1/2"), std::string::npos) << r.out;
+  f = apps::read_checkpoint(ckpt);
+  EXPECT_EQ(f.contents.meta.epoch, 2);
+  ASSERT_EQ(f.contents.meta.history.size(), 2u);
+  j = apps::read_file_bytes(json);
+  EXPECT_NE(j.find("\"epoch\": 1"), std::string::npos) << "the saved epoch is in the metrics: " << j;
+  EXPECT_NE(j.find("\"epoch\": 2"), std::string::npos) << j;
+
+#if MF_WITH_STB && defined(MF_PREDICT_BIN)
+  // The misclassified-digits grid from that checkpoint.
+  r = run(MF_PREDICT_BIN, "--model " + ckpt + " --data " + data + " --grid " + dir.file("grid.png") + " --grid-max 30",
+          dir);
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.out.find("test images misclassified"), std::string::npos) << r.out;
+  EXPECT_TRUE(apps::image_info(dir.file("grid.png"), &w, &h, &c));
+  EXPECT_EQ(w, 10 * 68);
+#endif
+}

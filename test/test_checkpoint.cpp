@@ -1,0 +1,375 @@
+// test_checkpoint.cpp: checkpoints: exact round trips, resume == uninterrupted training, and
+// every kind of bad file refused with its own message and the model left untouched.
+#include <gtest/gtest.h>
+
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <csignal>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "apps/atomic_file.h"
+#include "apps/checkpoint.h"
+#include "layers/sequential.h"
+#include "optim/adam.h"
+#include "optim/sgd.h"
+#include "tensor/rng.h"
+#include "test/test_util.h"
+
+namespace fs = std::filesystem;
+using namespace mf;
+using apps::CheckpointError;
+
+namespace {
+
+// A fresh folder per test, removed at the end.
+class TempDir {
+ public:
+  TempDir() {
+    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+    path_ = fs::temp_directory_path() /
+            ("mf_ckpt_" + std::string(info->name()) + "_" + std::to_string(::getpid()));
+    fs::remove_all(path_);
+    fs::create_directories(path_);
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path_, ec);
+  }
+  std::string file(const std::string& name) const { return (path_ / name).string(); }
+  const fs::path& path() const { return path_; }
+
+ private:
+  fs::path path_;
+};
+
+// 28x28 images: random pixels, labels 0..9. Enough to give the optimizer real state.
+data::Dataset synthetic(std::int64_t n, std::uint64_t seed) {
+  data::Dataset d;
+  d.count = n;
+  d.rows = d.cols = 28;
+  d.images.resize(static_cast<std::size_t>(n * 28 * 28));
+  d.labels.resize(static_cast<std::size_t>(n));
+  Rng rng(seed);
+  for (auto& p : d.images) p = static_cast<std::uint8_t>(rng.below(256));
+  for (auto& l : d.labels) l = static_cast<std::uint8_t>(rng.below(10));
+  return d;
+}
+
+Sequential make_model(std::uint64_t seed, bool adam = true) {
+  Rng rng(seed);
+  Sequential m = Sequential::mnist_cnn(rng);
+  if (adam) m.compile(std::make_unique<Adam>());
+  else m.compile(std::make_unique<SGD>(0.01f, 0.9f));
+  return m;
+}
+
+// Every weight and optimizer state tensor of a model, as bytes, for exact comparisons.
+std::vector<std::vector<float>> snapshot(Sequential& m) {
+  std::vector<std::vector<float>> s;
+  for (Parameter* p : m.parameters()) s.push_back(p->value.to_vector());
+  if (m.optimizer())
+    for (auto& [name, t] : m.optimizer()->state()) s.push_back(t.to_vector());
+  return s;
+}
+
+std::string slurp(const std::string& path) { return apps::read_file_bytes(path); }
+void spit(const std::string& path, const std::string& bytes) {
+  std::ofstream f(path, std::ios::binary | std::ios::trunc);
+  f << bytes;
+}
+
+apps::CheckpointMeta meta_for(int epoch) {
+  apps::CheckpointMeta m;
+  m.epoch = epoch;
+  m.seed = 42;
+  m.batch_size = 32;
+  m.lr = 1e-3;
+  m.validation_split = 0.2;
+  EpochLog e;
+  e.epoch = 0;
+  e.loss = 2.25;
+  e.accuracy = 0.125;
+  e.val_loss = std::nan("");
+  e.val_accuracy = std::nan("");
+  e.steps = 4;
+  e.samples = 128;
+  m.history.push_back(e);
+  return m;
+}
+
+// A model trained a few steps (so m and v are not zero), saved to `path`.
+Sequential trained_and_saved(const std::string& path, std::uint64_t seed = 1) {
+  Sequential m = make_model(seed);
+  FitOptions fo;
+  fo.epochs = 1;
+  fo.batch_size = 32;
+  m.fit(synthetic(96, 5), nullptr, fo);
+  apps::save_checkpoint(path, m, *m.optimizer(), meta_for(1));
+  return m;
+}
+
+// Loading `path` into a fresh model must fail with a message containing `expect`, and
+// leave the model exactly as it was.
+void expect_refused(const std::string& path, const std::string& expect) {
+  Sequential m = make_model(99);
+  const auto before = snapshot(m);
+  try {
+    apps::load_checkpoint(path, m, *m.optimizer());
+    ADD_FAILURE() << "loading " << path << " should have failed with '" << expect << "'";
+  } catch (const CheckpointError& e) {
+    const std::string w = e.what();
+    EXPECT_NE(w.find(expect), std::string::npos) << "message: " << w;
+    EXPECT_EQ(w.rfind(path + ": ", 0), 0u) << "the message must start with the file: " << w;
+    EXPECT_EQ(w.find('\n'), std::string::npos) << "one line: " << w;
+  }
+  EXPECT_EQ(snapshot(m), before) << "a failed load changed the model";
+}
+
+}  // namespace
+
+TEST(Checkpoint, RoundTripRestoresWeightsAndOptimizerStateExactly) {
+  TempDir dir;
+  const std::string path = dir.file("a.ckpt");
+  Sequential a = trained_and_saved(path);
+  Sequential b = make_model(2);  // other seed: other weights
+  ASSERT_NE(snapshot(a), snapshot(b));
+  const apps::CheckpointMeta m = apps::load_checkpoint(path, b, *b.optimizer());
+  EXPECT_EQ(snapshot(a), snapshot(b));
+  EXPECT_EQ(b.optimizer()->iterations(), 3);
+  EXPECT_EQ(m.epoch, 1);
+  EXPECT_FALSE(m.partial_epoch);
+  EXPECT_EQ(m.seed, 42u);
+  EXPECT_EQ(m.batch_size, 32);
+  EXPECT_EQ(m.optimizer, "Adam");
+  EXPECT_EQ(m.iterations, 3);
+  ASSERT_EQ(m.history.size(), 1u);
+  EXPECT_EQ(m.history[0].loss, 2.25);
+  EXPECT_TRUE(std::isnan(m.history[0].val_loss));
+  EXPECT_EQ(m.history[0].samples, 128);
+  // Nothing left behind but the checkpoint itself (no temporary files).
+  EXPECT_EQ(std::distance(fs::directory_iterator(dir.path()), fs::directory_iterator{}), 1);
+}
+
+TEST(Checkpoint, WeightsOnlyLoadIgnoresOptimizerState) {
+  TempDir dir;
+  const std::string path = dir.file("a.ckpt");
+  Sequential a = trained_and_saved(path);
+  Rng rng(3);
+  Sequential plain = Sequential::mnist_cnn(rng);  // not compiled: predict's case
+  apps::load_checkpoint(path, plain, nullptr);
+  auto pa = a.parameters(), pb = plain.parameters();
+  ASSERT_EQ(pa.size(), pb.size());
+  for (std::size_t i = 0; i < pa.size(); ++i) EXPECT_EQ(pa[i]->value.to_vector(), pb[i]->value.to_vector());
+}
+
+TEST(Checkpoint, ResumeEqualsUninterruptedTraining) {
+  TempDir dir;
+  const data::Dataset train = synthetic(320, 11);
+  FitOptions fo;
+  fo.batch_size = 16;
+  fo.seed = 7;
+
+  Sequential straight = make_model(1);
+  fo.epochs = 2;
+  straight.fit(train, nullptr, fo);
+
+  Sequential first = make_model(1);
+  fo.epochs = 1;
+  first.fit(train, nullptr, fo);
+  apps::save_checkpoint(dir.file("e1.ckpt"), first, *first.optimizer(), meta_for(1));
+
+  Sequential resumed = make_model(123);  // another seed: everything must come from the file
+  const apps::CheckpointMeta m = apps::load_checkpoint(dir.file("e1.ckpt"), resumed, *resumed.optimizer());
+  fo.epochs = 2;
+  fo.initial_epoch = m.epoch;
+  const History h = resumed.fit(train, nullptr, fo);
+  EXPECT_EQ(h.completed_epochs, 2);
+  EXPECT_EQ(resumed.optimizer()->iterations(), straight.optimizer()->iterations());
+  // Same data order (seed, epoch), same state: the same floating-point operations.
+  EXPECT_EQ(snapshot(resumed), snapshot(straight));
+}
+
+TEST(Checkpoint, TruncatedFilesAreRefused) {
+  TempDir dir;
+  const std::string good = dir.file("good.ckpt");
+  trained_and_saved(good);
+  const std::string bytes = slurp(good);
+  for (std::size_t keep : {std::size_t{3}, std::size_t{20}, std::size_t{27}, std::size_t{200}, bytes.size() / 2,
+                           bytes.size() - 1}) {
+    SCOPED_TRACE(keep);
+    const std::string path = dir.file("trunc.ckpt");
+    spit(path, bytes.substr(0, keep));
+    expect_refused(path, "truncated");
+  }
+}
+
+TEST(Checkpoint, BitFlipsAreRefusedByTheChecksum) {
+  TempDir dir;
+  const std::string good = dir.file("good.ckpt");
+  trained_and_saved(good);
+  const std::string bytes = slurp(good);
+  // In the architecture string, in the metadata, in a weight, in the optimizer state and in
+  // the checksum itself.
+  for (std::size_t at : {std::size_t{30}, std::size_t{400}, bytes.size() / 3, bytes.size() - 100, bytes.size() - 2}) {
+    SCOPED_TRACE(at);
+    std::string bad = bytes;
+    bad[at] = static_cast<char>(bad[at] ^ 0x10);
+    const std::string path = dir.file("flip.ckpt");
+    spit(path, bad);
+    expect_refused(path, "checksum mismatch");
+  }
+}
+
+TEST(Checkpoint, ForeignEmptyAndOtherVersionFilesAreRefused) {
+  TempDir dir;
+  spit(dir.file("empty.ckpt"), "");
+  expect_refused(dir.file("empty.ckpt"), "empty file");
+  spit(dir.file("png.ckpt"), std::string("\x89PNG\r\n\x1a\n\0\0\0\rIHDR", 16));
+  expect_refused(dir.file("png.ckpt"), "not a microflow checkpoint");
+  spit(dir.file("text.ckpt"), "hello\n");
+  expect_refused(dir.file("text.ckpt"), "not a microflow checkpoint");
+  expect_refused(dir.file("missing.ckpt"), "cannot open");
+
+  const std::string good = dir.file("good.ckpt");
+  trained_and_saved(good);
+  std::string v2 = slurp(good);
+  v2[8] = 2;  // format version 2
+  spit(dir.file("v2.ckpt"), v2);
+  expect_refused(dir.file("v2.ckpt"), "format version 2, this build reads version 1");
+  spit(dir.file("long.ckpt"), slurp(good) + "x");
+  expect_refused(dir.file("long.ckpt"), "extra bytes");
+}
+
+TEST(Checkpoint, OtherArchitectureIsRefusedNamingBoth) {
+  TempDir dir;
+  Rng rng(1);
+  Sequential five = Sequential::mnist_cnn(rng, 28, 28, 1, 5);  // 5 classes
+  five.compile(std::make_unique<Adam>());
+  const std::string path = dir.file("five.ckpt");
+  apps::save_checkpoint(path, five, *five.optimizer(), meta_for(1));
+  Sequential ten = make_model(2);
+  expect_refused(path, "saved for another model: checkpoint " + five.architecture() + " vs this model " +
+                           ten.architecture());
+}
+
+TEST(Checkpoint, OtherOptimizerOrWeightsOnlyIsRefusedForResume) {
+  TempDir dir;
+  const std::string path = dir.file("adam.ckpt");
+  trained_and_saved(path);
+  Sequential sgd = make_model(2, /*adam=*/false);
+  const auto before = snapshot(sgd);
+  try {
+    apps::load_checkpoint(path, sgd, *sgd.optimizer());
+    ADD_FAILURE() << "expected an error";
+  } catch (const CheckpointError& e) {
+    EXPECT_NE(std::string(e.what()).find("was trained with Adam, this run uses SGD"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(snapshot(sgd), before);
+
+  Sequential a = make_model(1);
+  const std::string wo = dir.file("weights.ckpt");
+  apps::save_checkpoint(wo, a, nullptr, meta_for(0));
+  expect_refused(wo, "weights only");
+}
+
+TEST(Checkpoint, FailedSaveKeepsTheOldCheckpoint) {
+  TempDir dir;
+  const std::string path = dir.file("run.ckpt");
+  Sequential a = trained_and_saved(path);
+  const std::string old = slurp(path);
+  Sequential other = make_model(5);
+
+  // 1. The temporary file cannot be created (a folder is in its way).
+  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
+  fs::create_directory(tmp);
+  EXPECT_THROW(apps::save_checkpoint(path, other, *other.optimizer(), meta_for(2)), CheckpointError);
+  fs::remove(tmp);
+  EXPECT_EQ(slurp(path), old);
+
+  // 2. The disk "fills up" half way through the write: a file-size limit makes write() fail
+  //    with EFBIG (SIGXFSZ ignored so that the call returns an error instead).
+  {
+    auto* old_handler = std::signal(SIGXFSZ, SIG_IGN);
+    rlimit saved{};
+    ASSERT_EQ(getrlimit(RLIMIT_FSIZE, &saved), 0);
+    rlimit small = saved;
+    small.rlim_cur = 4096;
+    ASSERT_EQ(setrlimit(RLIMIT_FSIZE, &small), 0);
+    std::string msg;
+    try {
+      apps::save_checkpoint(path, other, *other.optimizer(), meta_for(2));
+    } catch (const CheckpointError& e) {
+      msg = e.what();
+    }
+    setrlimit(RLIMIT_FSIZE, &saved);
+    std::signal(SIGXFSZ, old_handler);
+    EXPECT_NE(msg.find("cannot save checkpoint"), std::string::npos) << msg;
+  }
+  EXPECT_EQ(slurp(path), old);
+
+  // 3. The folder does not exist.
+  EXPECT_THROW(apps::save_checkpoint(dir.file("no/such/folder/x.ckpt"), other, *other.optimizer(), meta_for(2)),
+               CheckpointError);
+
+  // No temporary files left, and the old checkpoint still loads.
+  EXPECT_EQ(std::distance(fs::directory_iterator(dir.path()), fs::directory_iterator{}), 1);
+  Sequential b = make_model(9);
+  apps::load_checkpoint(path, b, *b.optimizer());
+  EXPECT_EQ(snapshot(a), snapshot(b));
+}
+
+TEST(Checkpoint, ParserBoundsEveryLength) {
+  // With the checksum check off (as the fuzzer runs it), a header claiming huge sizes must
+  // be refused as malformed, not allocated.
+  TempDir dir;
+  const std::string path = dir.file("a.ckpt");
+  trained_and_saved(path);
+  std::string bytes = slurp(path);
+  for (std::size_t at : {std::size_t{24}, std::size_t{27}}) {  // architecture length
+    std::string bad = bytes;
+    bad[at] = static_cast<char>(0xff);
+    try {
+      apps::parse_checkpoint(reinterpret_cast<const std::uint8_t*>(bad.data()), bad.size(), "mem", false);
+      ADD_FAILURE() << "expected malformed";
+    } catch (const CheckpointError& e) {
+      EXPECT_NE(std::string(e.what()).find("malformed"), std::string::npos) << e.what();
+    }
+  }
+}
+
+TEST(CheckpointGpu, MixedPrecisionLoadRefreshesHalfCopies) {
+  MF_SKIP_WITHOUT_GPU();
+  TempDir dir;
+  const std::string path = dir.file("a.ckpt");
+  Sequential a = trained_and_saved(path);
+  Rng rng(4);
+  Sequential g = Sequential::mnist_cnn(rng);
+  g.to(Device::kGpu);
+  g.set_compute_dtype(DType::kF16);
+  g.compile(std::make_unique<Adam>());
+  // The f32 optimizer state has no loss scaler: an fp32 checkpoint does not fit an fp16 run.
+  EXPECT_THROW(apps::load_checkpoint(path, g, *g.optimizer()), CheckpointError);
+  apps::load_checkpoint(path, g, nullptr);  // weights only
+  auto pa = a.parameters(), pg = g.parameters();
+  for (std::size_t i = 0; i < pa.size(); ++i) {
+    EXPECT_EQ(pg[i]->value.to_vector(), pa[i]->value.to_vector());
+    ASSERT_TRUE(pg[i]->half.defined());
+    EXPECT_EQ(pg[i]->half.to_vector(), pa[i]->value.to(DType::kF16).to_vector()) << pg[i]->name;
+  }
+  // And a mixed-precision run round-trips with its loss-scaler state.
+  const std::string p16 = dir.file("fp16.ckpt");
+  apps::save_checkpoint(p16, g, *g.optimizer(), meta_for(1));
+  Rng rng2(8);
+  Sequential g2 = Sequential::mnist_cnn(rng2);
+  g2.to(Device::kGpu);
+  g2.set_compute_dtype(DType::kF16);
+  g2.compile(std::make_unique<Adam>());
+  apps::load_checkpoint(p16, g2, *g2.optimizer());
+  EXPECT_EQ(snapshot(g2), snapshot(g));
+}

@@ -1,0 +1,320 @@
+// test_predict.cpp: image decoding and MNIST-style preprocessing, the predict tool end to
+// end on images drawn here, and the training plot's PNG.
+#include <gtest/gtest.h>
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "apps/atomic_file.h"
+#include "apps/checkpoint.h"
+#include "apps/common.h"
+#include "test/test_util.h"
+
+#if MF_WITH_STB
+#include "apps/image.h"
+#include "apps/plot.h"
+#include "data/mnist.h"
+#include "layers/sequential.h"
+#include "optim/adam.h"
+#include "tensor/rng.h"
+
+namespace fs = std::filesystem;
+using namespace mf;
+
+namespace {
+
+class TempDir {
+ public:
+  TempDir() {
+    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+    path_ = fs::temp_directory_path() / ("mf_predict_" + std::string(info->name()) + "_" + std::to_string(::getpid()));
+    fs::remove_all(path_);
+    fs::create_directories(path_);
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path_, ec);
+  }
+  std::string file(const std::string& name) const { return (path_ / name).string(); }
+
+ private:
+  fs::path path_;
+};
+
+// A grey w x h canvas, background `bg`, with rectangles of `ink`.
+struct Drawing {
+  int w, h;
+  std::vector<std::uint8_t> px;
+  Drawing(int w_, int h_, std::uint8_t bg) : w(w_), h(h_), px(static_cast<std::size_t>(w_) * h_, bg) {}
+  void rect(int x0, int y0, int x1, int y1, std::uint8_t ink) {
+    for (int y = y0; y < y1; ++y)
+      for (int x = x0; x < x1; ++x) px[static_cast<std::size_t>(y) * w + x] = ink;
+  }
+  void ring(double cx, double cy, double r0, double r1, std::uint8_t ink) {
+    for (int y = 0; y < h; ++y)
+      for (int x = 0; x < w; ++x) {
+        const double d = std::hypot(x + 0.5 - cx, y + 0.5 - cy);
+        if (d >= r0 && d <= r1) px[static_cast<std::size_t>(y) * w + x] = ink;
+      }
+  }
+  Drawing inverted() const {
+    Drawing d(w, h, 0);
+    for (std::size_t i = 0; i < px.size(); ++i) d.px[i] = static_cast<std::uint8_t>(255 - px[i]);
+    return d;
+  }
+  void save(const std::string& path) const { apps::write_png(path, w, h, 1, px.data()); }
+};
+
+// "1": a vertical bar, off-centre, on a 120x90 canvas.
+Drawing one(std::uint8_t bg = 0, std::uint8_t ink = 255) {
+  Drawing d(120, 90, bg);
+  d.rect(30, 10, 40, 80, ink);
+  return d;
+}
+Drawing zero() {
+  Drawing d(100, 100, 0);
+  d.ring(50, 50, 22, 32, 255);
+  return d;
+}
+
+apps::GrayImage gray(const Drawing& d) { return apps::GrayImage{d.w, d.h, d.px}; }
+
+struct RunResult {
+  int status;
+  std::string out, err;
+};
+RunResult run(const std::string& args, const std::string& dir) {
+  const std::string out = dir + "/stdout.txt", err = dir + "/stderr.txt";
+  const std::string cmd = std::string(MF_PREDICT_BIN) + " " + args + " > " + out + " 2> " + err;
+  const int st = std::system(cmd.c_str());
+  RunResult r{WIFEXITED(st) ? WEXITSTATUS(st) : -1, apps::read_file_bytes(out), apps::read_file_bytes(err)};
+  return r;
+}
+int lines(const std::string& s) {
+  int n = 0;
+  for (char c : s) n += c == '\n';
+  return n;
+}
+
+std::string mnist_dir() {
+  const char* d = std::getenv("MF_MNIST_DIR");
+  return d && *d ? d : apps::default_data_dir();
+}
+
+}  // namespace
+
+TEST(Preprocess, VerticalBarBecomesACentred20PixelStroke) {
+  const std::vector<float> x = apps::mnist_preprocess(gray(one()), "one");
+  ASSERT_EQ(x.size(), 28u * 28u);
+  int top = 28, bottom = -1, left = 28, right = -1;
+  double mass = 0, mx = 0, my = 0;
+  for (int y = 0; y < 28; ++y)
+    for (int c = 0; c < 28; ++c) {
+      const float v = x[y * 28 + c];
+      ASSERT_GE(v, 0.0f);
+      ASSERT_LE(v, 1.0f);
+      if (v > 0.5f) top = std::min(top, y), bottom = std::max(bottom, y), left = std::min(left, c), right = std::max(right, c);
+      mass += v, mx += v * c, my += v * y;
+    }
+  EXPECT_EQ(bottom - top + 1, 20) << "the longer side is scaled to 20 px";
+  EXPECT_LE(right - left + 1, 4) << "10x70 keeps its aspect ratio: about 3 px wide";
+  EXPECT_NEAR(mx / mass, 13.5, 0.75) << "centre of mass on the centre";
+  EXPECT_NEAR(my / mass, 13.5, 0.75);
+}
+
+TEST(Preprocess, DarkOnLightGivesTheSameTensorAsLightOnDark) {
+  const Drawing light_on_dark = one(0, 255);
+  EXPECT_EQ(apps::mnist_preprocess(gray(light_on_dark.inverted()), "inv"),
+            apps::mnist_preprocess(gray(light_on_dark), "orig"));
+  // And through a PNG file on disk.
+  TempDir dir;
+  light_on_dark.inverted().save(dir.file("ink.png"));
+  EXPECT_EQ(apps::mnist_preprocess(apps::read_gray_image(dir.file("ink.png")), "file"),
+            apps::mnist_preprocess(gray(light_on_dark), "orig"));
+}
+
+TEST(Preprocess, GreyPaperAndFaintInkAreNormalised) {
+  // Pencil on grey paper (200 background, 90 ink) looks like the clean drawing.
+  const std::vector<float> clean = apps::mnist_preprocess(gray(one(0, 255)), "clean");
+  const std::vector<float> paper = apps::mnist_preprocess(gray(one(200, 90)), "paper");
+  double diff = 0;
+  for (std::size_t i = 0; i < clean.size(); ++i) diff = std::max(diff, std::fabs(static_cast<double>(clean[i] - paper[i])));
+  EXPECT_LT(diff, 0.02);
+}
+
+TEST(Preprocess, BlankImagesAreRefused) {
+  for (std::uint8_t bg : {0, 128, 255}) {
+    Drawing d(50, 40, bg);
+    d.rect(10, 10, 12, 12, static_cast<std::uint8_t>(bg > 127 ? bg - 20 : bg + 20));  // a faint speck
+    try {
+      apps::mnist_preprocess(gray(d), "blank.png");
+      ADD_FAILURE() << "expected 'no ink' for background " << int(bg);
+    } catch (const apps::ImageError& e) {
+      EXPECT_NE(std::string(e.what()).find("blank.png: no ink"), std::string::npos) << e.what();
+    }
+  }
+}
+
+TEST(Preprocess, TransparentCanvasKeepsTheStrokes) {
+  // Black strokes on a fully transparent canvas (what drawing apps export).
+  TempDir dir;
+  const Drawing d = one();
+  std::vector<std::uint8_t> rgba(static_cast<std::size_t>(d.w) * d.h * 4, 0);
+  for (std::size_t i = 0; i < d.px.size(); ++i)
+    if (d.px[i]) rgba[4 * i + 3] = 255;  // opaque black where the ink is, transparent elsewhere
+  apps::write_png(dir.file("alpha.png"), d.w, d.h, 4, rgba.data());
+  EXPECT_EQ(apps::mnist_preprocess(apps::read_gray_image(dir.file("alpha.png")), "a"),
+            apps::mnist_preprocess(gray(d), "orig"));
+}
+
+TEST(Images, BadFilesGiveOneClearError) {
+  TempDir dir;
+  auto expect_error = [](const std::string& path, const std::string& what) {
+    try {
+      apps::read_gray_image(path);
+      ADD_FAILURE() << path << ": expected '" << what << "'";
+    } catch (const apps::ImageError& e) {
+      EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+      EXPECT_EQ(std::string(e.what()).rfind(path + ": ", 0), 0u) << e.what();
+    }
+  };
+  expect_error(dir.file("missing.png"), "cannot open");
+  std::ofstream(dir.file("empty.png")).close();
+  expect_error(dir.file("empty.png"), "empty file");
+  std::ofstream(dir.file("text.png")) << "this is not an image\n";
+  expect_error(dir.file("text.png"), "not a readable image");
+  fs::create_directory(dir.file("folder.png"));
+  expect_error(dir.file("folder.png"), "folder");
+
+  // A real PNG whose header is patched to claim absurd or zero sizes (stb does not check
+  // the chunk CRC): refused from the header, before any decoding.
+  one().save(dir.file("ok.png"));
+  std::string png = apps::read_file_bytes(dir.file("ok.png"));
+  auto patched = [&](std::uint32_t w, std::uint32_t h, const std::string& name) {
+    std::string p = png;
+    for (int i = 0; i < 4; ++i) {
+      p[16 + i] = static_cast<char>((w >> (24 - 8 * i)) & 0xff);  // IHDR width, big-endian
+      p[20 + i] = static_cast<char>((h >> (24 - 8 * i)) & 0xff);
+    }
+    std::ofstream(dir.file(name), std::ios::binary) << p;
+    return dir.file(name);
+  };
+  expect_error(patched(100000, 100000, "huge.png"), "refusing to decode");
+  expect_error(patched(20000, 10, "wide.png"), "more than 16384");
+  expect_error(patched(0, 90, "zero.png"), "zero-size");
+  // A JPEG whose Huffman table claims 512 codes (room for 256): stb_image 2.27 would write
+  // past its table (found by fuzz/fuzz_image).
+  std::string jpeg("\xff\xd8\xff\xc4\x02\x13\x00", 7);
+  jpeg += std::string(16, '\x20') + std::string(512, '\x01') + "\xff\xd9";
+  std::ofstream(dir.file("dht.jpg"), std::ios::binary) << jpeg;
+  expect_error(dir.file("dht.jpg"), "corrupt JPEG: a Huffman table holds more than 256 codes");
+  // A JPEG ending inside a segment header (once sent the DHT check into an endless loop).
+  const unsigned char cut_jpeg[] = {0xff, 0xd8, 0xff, 0xe0, 0x00, 0x10, 0x00, 0x04, 0x11, 0x14, 0x14, 0xff,
+                                    0xc0, 0x00, 0x11, 0x02, 0x11, 0x5b, 0x01, 0x03, 0x11, 0x01, 0xff, 0xc4};
+  std::ofstream(dir.file("cut.jpg"), std::ios::binary)
+      << std::string(reinterpret_cast<const char*>(cut_jpeg), sizeof cut_jpeg);
+  expect_error(dir.file("cut.jpg"), "");
+  // Truncated in the middle of the pixel data.
+  std::ofstream(dir.file("cut.png"), std::ios::binary) << png.substr(0, png.size() / 2);
+  expect_error(dir.file("cut.png"), "cannot decode");
+}
+
+TEST(Plot, WritesAValidPng) {
+  TempDir dir;
+  std::vector<EpochLog> h;
+  for (int e = 0; e < 5; ++e) {
+    EpochLog l;
+    l.epoch = e;
+    l.loss = 1.0 / (e + 1);
+    l.accuracy = 0.9 + 0.02 * e;
+    l.val_loss = 1.1 / (e + 1);
+    l.val_accuracy = 0.89 + 0.02 * e;
+    h.push_back(l);
+  }
+  const std::string path = dir.file("curves.png");
+  apps::write_training_plot(path, h, "test run");
+  int w = 0, ht = 0, c = 0;
+  ASSERT_TRUE(apps::image_info(path, &w, &ht, &c));
+  EXPECT_EQ(w, 1000);
+  EXPECT_GT(ht, 400);
+  EXPECT_EQ(c, 3);
+  // One epoch, no validation set (NaN): still a plot.
+  h.resize(1);
+  h[0].val_loss = h[0].val_accuracy = std::nan("");
+  apps::write_training_plot(path, h);
+  ASSERT_TRUE(apps::image_info(path, &w, &ht, &c));
+  EXPECT_THROW(apps::write_training_plot(path, {}), std::invalid_argument);
+}
+
+TEST(PredictTool, ClassifiesFilesAndReportsEachBadOne) {
+  TempDir dir;
+  Rng rng(1);
+  Sequential m = Sequential::mnist_cnn(rng);
+  apps::save_checkpoint(dir.file("m.ckpt"), m, nullptr, {});
+  one().save(dir.file("one.png"));
+  one().inverted().save(dir.file("one_ink.png"));
+  Drawing(40, 40, 255).save(dir.file("blank.png"));
+  std::ofstream(dir.file("notes.txt")) << "not an image";
+
+  RunResult r = run("--model " + dir.file("m.ckpt") + " --top 3 " + dir.file("one.png") + " " + dir.file("one_ink.png"),
+                    dir.file(""));
+  EXPECT_EQ(r.status, 0) << r.err;
+  EXPECT_EQ(lines(r.out), 2) << r.out;
+  EXPECT_NE(r.out.find(dir.file("one.png") + ": "), std::string::npos) << r.out;
+  EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '%'), 6) << "three classes per file: " << r.out;
+  EXPECT_TRUE(r.err.empty()) << r.err;
+
+  r = run("--model " + dir.file("m.ckpt") + " " + dir.file("one.png") + " " + dir.file("blank.png") + " " +
+              dir.file("notes.txt") + " " + dir.file("missing.png"),
+          dir.file(""));
+  EXPECT_EQ(r.status, 1);
+  EXPECT_EQ(lines(r.out), 1) << "the good file is still classified: " << r.out;
+  EXPECT_EQ(lines(r.err), 3) << r.err;
+  EXPECT_NE(r.err.find("blank.png: no ink"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("notes.txt: not a readable image"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("missing.png: cannot open"), std::string::npos) << r.err;
+
+  r = run("--model " + dir.file("missing.ckpt") + " " + dir.file("one.png"), dir.file(""));
+  EXPECT_EQ(r.status, 1);
+  EXPECT_EQ(lines(r.err), 1) << r.err;
+  EXPECT_NE(r.err.find("missing.ckpt: cannot open"), std::string::npos) << r.err;
+  r = run(dir.file("one.png"), dir.file(""));
+  EXPECT_EQ(r.status, 2);
+  EXPECT_NE(r.err.find("--model is required"), std::string::npos) << r.err;
+}
+
+TEST(PredictTool, ATrainedModelReadsDrawnDigits) {
+  const std::string data = mnist_dir();
+  if (!fs::exists(data)) GTEST_SKIP() << "no MNIST at " << data;
+  const data::Mnist mnist = data::load_mnist(data);
+  Rng rng(0);
+  Sequential m = Sequential::mnist_cnn(rng);
+  m.compile(std::make_unique<Adam>());
+  FitOptions fo;
+  fo.epochs = 1;
+  fo.batch_size = 32;
+  m.fit(data::subset(mnist.train, 0, 3000), nullptr, fo);
+  TempDir dir;
+  apps::save_checkpoint(dir.file("m.ckpt"), m, *m.optimizer(), {});
+  one().save(dir.file("one.png"));
+  one().inverted().save(dir.file("one_ink.png"));
+  zero().inverted().save(dir.file("zero_ink.png"));
+  const RunResult r = run("--model " + dir.file("m.ckpt") + " --top 1 " + dir.file("one.png") + " " +
+                              dir.file("one_ink.png") + " " + dir.file("zero_ink.png"),
+                          dir.file(""));
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.out.find("one.png: 1 ("), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("one_ink.png: 1 ("), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("zero_ink.png: 0 ("), std::string::npos) << r.out;
+}
+
+#else
+TEST(Predict, SkippedWithoutStb) { GTEST_SKIP() << "built without the stb headers (libstb-dev)"; }
+#endif
