@@ -218,14 +218,6 @@ void implicit_conv(std::int64_t n, std::int64_t h, std::int64_t w, std::int64_t 
   });
 }
 
-void implicit_conv_any(std::int64_t n, std::int64_t h, std::int64_t w, std::int64_t c, std::int64_t k,
-                       const float* x, const float* wt, std::int64_t K, const float* bias, bool relu, float* y) {
-  switch (vecs_for(K)) {
-    case 4: return implicit_conv<4>(n, h, w, c, k, x, wt, K, bias, relu, y);
-    case 2: return implicit_conv<2>(n, h, w, c, k, x, wt, K, bias, relu, y);
-    default: return implicit_conv<1>(n, h, w, c, k, x, wt, K, bias, relu, y);
-  }
-}
 
 // dwt (kkC, K) += sum over pixels [p0, p1) of x_p's receptive field (x) dz_p, pixels taken
 // in chunks whose dz rows stay in L1/L2 while every tile of dwt passes over them.
@@ -284,6 +276,15 @@ void implicit_dgrad(const ConvGeom& g, const float* dzm, const float* w, std::in
 
 }  // namespace
 
+void cpu::conv_forward(std::int64_t n, std::int64_t h, std::int64_t w, std::int64_t c, std::int64_t k, const float* x,
+                       const float* wt, std::int64_t K, const float* bias, bool relu, float* y) {
+  switch (vecs_for(K)) {
+    case 4: return implicit_conv<4>(n, h, w, c, k, x, wt, K, bias, relu, y);
+    case 2: return implicit_conv<2>(n, h, w, c, k, x, wt, K, bias, relu, y);
+    default: return implicit_conv<1>(n, h, w, c, k, x, wt, K, bias, relu, y);
+  }
+}
+
 void Conv2D::forward_direct(const Tensor& x, Tensor& y) {
   const ConvGeom g = geometry(x, k_, filters_);
   const std::int64_t K = g.filters;
@@ -340,7 +341,7 @@ void Conv2D::forward_implicit(const Tensor& x, Tensor& y) {
   if (scratch_.size() < static_cast<std::size_t>(g.kk_c * g.filters))
     scratch_.resize(static_cast<std::size_t>(g.kk_c * g.filters));
   transpose_weights(g, weight_.value.data<float>(), scratch_.data());
-  implicit_conv_any(g.n, g.h, g.w, g.c, g.k, x.data<float>(), scratch_.data(), g.filters,
+  cpu::conv_forward(g.n, g.h, g.w, g.c, g.k, x.data<float>(), scratch_.data(), g.filters,
                     bias_.value.data<float>(), act_ == Activation::kRelu, y.data<float>());
 }
 

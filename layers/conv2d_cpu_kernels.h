@@ -119,4 +119,10 @@ inline void with_rows(int rows, F&& f) {
   }
 }
 
+// y (N, H-k+1, W-k+1, K) = conv(x (N, H, W, C), Wt) [+ bias] [ReLU], Wt the kernel
+// transposed to (k*k*C, K), with K a multiple of 16; tiles dealt to the CPU threads.
+// (A dense layer is the case H = W = k = 1.) Defined in conv2d_cpu.cpp.
+void conv_forward(std::int64_t n, std::int64_t h, std::int64_t w, std::int64_t c, std::int64_t k, const float* x,
+                  const float* wt, std::int64_t K, const float* bias, bool relu, float* y);
+
 }  // namespace mf::cpu

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 
+#include "layers/conv2d_cpu_kernels.h"
 #include "layers/eigen_util.h"
 #include "tensor/parallel.h"
 #include "tensor/rng.h"
@@ -40,8 +41,17 @@ namespace {
 std::int64_t row_grain(std::int64_t work_per_row) { return std::max<std::int64_t>(1, 65536 / work_per_row); }
 }  // namespace
 
+// With units a multiple of 16 the dense layer runs on the convolution's register-tiled
+// kernels (conv2d_cpu_kernels.h): it is a 1x1 convolution of a 1x1 "image" with `in`
+// channels, and the (in, units) kernel is already the transposed layout those tiles read.
+// Other sizes (the 10-way output layer) use Eigen.
 void Dense::forward_cpu(const Tensor& x, Tensor& y) {
   const std::int64_t n = x.dim(0);
+  if (units_ % cpu::kLanes == 0) {
+    cpu::conv_forward(n, 1, 1, in_, 1, x.data<float>(), weight_.value.data<float>(), units_,
+                      bias_.value.data<float>(), act_ == Activation::kRelu, y.data<float>());
+    return;
+  }
   const ConstMatView w = cmat(weight_.value.data<float>(), in_, units_);
   const ConstRowVecView b(bias_.value.data<float>(), units_);
   const float* xp = x.data<float>();
@@ -69,6 +79,7 @@ void Dense::backward_cpu(const Tensor& dy, Tensor& dx) {
   const ConstMatView w = cmat(weight_.value.data<float>(), in_, units_);
   float* dwp = weight_.grad.data<float>();
   float* dxp = dx.defined() ? dx.data<float>() : nullptr;
+  if (units_ % cpu::kLanes == 0 && in_ % cpu::kLanes == 0) return backward_tiled(dx);
   // Threads split dW by its rows (input features) and dx by its rows (samples): no two
   // threads write the same element, so no reduction is needed.
   cpu_pool().parallel_for(in_, [&](std::int64_t f0, std::int64_t f1, int) {
@@ -79,5 +90,53 @@ void Dense::backward_cpu(const Tensor& dy, Tensor& dx) {
       mat(dxp + r0 * in_, r1 - r0, in_).noalias() = dz.middleRows(r0, r1 - r0) * w.transpose();
     }, row_grain(in_ * units_));
 }
+
+namespace {
+
+// dW (in, units) += sum over samples of x_i (x) dz_i, with the weight-gradient tiles of
+// kVecs*16 units; threads take separate tiles of rows (input features) of dW, so nothing
+// needs reducing. Samples go in chunks whose rows stay in cache while the tiles pass.
+template <int kVecs>
+void dense_wgrad(std::int64_t n, std::int64_t in, std::int64_t units, const float* x, const float* dz, float* dw) {
+  constexpr int kRows = cpu::kTileRegs / kVecs;
+  constexpr std::int64_t kChunk = 128;
+  cpu_pool().parallel_for((in + kRows - 1) / kRows, [&](std::int64_t t0, std::int64_t t1, int) {
+    const float* rows[kChunk];
+    const float* grads[kChunk];
+    for (std::int64_t c0 = 0; c0 < n; c0 += kChunk) {
+      const std::int64_t np = std::min(kChunk, n - c0);
+      for (std::int64_t i = 0; i < np; ++i) rows[i] = x + (c0 + i) * in, grads[i] = dz + (c0 + i) * units;
+      for (std::int64_t t = t0; t < t1; ++t) {
+        const std::int64_t j0 = t * kRows;
+        const int r = static_cast<int>(std::min<std::int64_t>(kRows, in - j0));
+        for (std::int64_t o0 = 0; o0 < units; o0 += kVecs * cpu::kLanes)
+          cpu::with_rows<kVecs>(r, [&](auto rr) {
+            cpu::wgrad_tile<decltype(rr)::value, kVecs>(rows, grads, np, j0, o0, dw + j0 * units, units);
+          });
+      }
+    }
+  });
+}
+
+}  // namespace
+
+// dW += x^T dz on the tiles; dx = dz W^T with Eigen (W^T would need a transpose per step).
+void Dense::backward_tiled(Tensor& dx) {
+  const std::int64_t n = x_.dim(0);
+  const float* dzp = dz_.data<float>();
+  switch (units_ % 64 == 0 ? 4 : units_ % 32 == 0 ? 2 : 1) {
+    case 4: dense_wgrad<4>(n, in_, units_, x_.data<float>(), dzp, weight_.grad.data<float>()); break;
+    case 2: dense_wgrad<2>(n, in_, units_, x_.data<float>(), dzp, weight_.grad.data<float>()); break;
+    default: dense_wgrad<1>(n, in_, units_, x_.data<float>(), dzp, weight_.grad.data<float>()); break;
+  }
+  if (!dx.defined()) return;
+  const ConstMatView dz = cmat(dzp, n, units_);
+  const ConstMatView w = cmat(weight_.value.data<float>(), in_, units_);
+  float* dxp = dx.data<float>();
+  cpu_pool().parallel_for(n, [&](std::int64_t r0, std::int64_t r1, int) {
+    mat(dxp + r0 * in_, r1 - r0, in_).noalias() = dz.middleRows(r0, r1 - r0) * w.transpose();
+  }, row_grain(in_ * units_));
+}
+
 
 }  // namespace mf

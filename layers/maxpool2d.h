@@ -21,7 +21,7 @@ class MaxPool2D final : public Layer {
 #endif
 
  private:
-  Tensor argmax_;  // GPU: u8 (N, H/2, W/2, C), 0..3 = position of the winner in its window
+  Tensor argmax_;  // u8 (N, H/2, W/2, C): 0..3 = (row, column) position of the winner in its window
   // GPU inference: the kernel always writes winners; they go here, so that a validation pass
   // at another batch size never moves argmax_, which a captured training step writes.
   Tensor infer_argmax_;

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "layers/conv2d_cpu_kernels.h"
 #include "layers/maxpool2d.h"
 #include "tensor/parallel.h"
 
@@ -15,13 +16,36 @@ Shape MaxPool2D::output_shape(const Shape& in) const {
   return Shape{in[0], in[1] / 2, in[2] / 2, in[3]};
 }
 
-// The CPU path stores no argmax: backward compares the kept input with the output and
-// routes the gradient to the first position that holds the maximum, which is the same
-// rule (first on ties), and both loops then vectorise over channels.
+// Forward records which of the four positions won (the first on ties) as one byte per
+// output; backward then reads those bytes and dY, not the whole input again, which halves
+// its memory traffic (this layer is bound by memory, not arithmetic). Channels are
+// contiguous, so both run 16 channels at a time on explicit vectors (conv2d_cpu_kernels.h),
+// with selects rather than branches: which position wins is data-dependent, and branches
+// would mispredict. Leftover channels (C not a multiple of 16) take the scalar loop.
+namespace {
+
+typedef std::int32_t Ints __attribute__((vector_size(64)));
+typedef std::uint8_t Bytes __attribute__((vector_size(16)));
+
+// Index 0..3 of the first of a, b, e, f equal to their maximum m.
+template <class T>
+T first_max_index(T a, T b, T e, T m, T one, T zero) {
+  const T is_a = a == m ? one : zero;
+  const T is_b = b == m ? one - is_a : zero;
+  const T is_e = e == m ? one - is_a - is_b : zero;
+  const T is_f = one - is_a - is_b - is_e;
+  return is_b + 2 * is_e + 3 * is_f;
+}
+
+}  // namespace
+
 void MaxPool2D::forward_cpu(const Tensor& x, Tensor& y) {
   const std::int64_t h = x.dim(1), w = x.dim(2), c = x.dim(3), oh = h / 2, ow = w / 2;
+  const std::int64_t cv = c - c % cpu::kLanes;  // channels done as whole vectors
+  ensure(argmax_, y.shape(), DType::kU8, Device::kCpu);
   const float* xp = x.data<float>();
   float* yp = y.data<float>();
+  std::uint8_t* ap = argmax_.data<std::uint8_t>();
   cpu_pool().parallel_for(x.dim(0), [&](std::int64_t n0, std::int64_t n1, int) {
     for (std::int64_t n = n0; n < n1; ++n)
       for (std::int64_t i = 0; i < oh; ++i)
@@ -30,9 +54,22 @@ void MaxPool2D::forward_cpu(const Tensor& x, Tensor& y) {
           const float* x01 = x00 + c;
           const float* x10 = x00 + w * c;
           const float* x11 = x10 + c;
-          float* out = yp + ((n * oh + i) * ow + j) * c;
-          for (std::int64_t ch = 0; ch < c; ++ch)
-            out[ch] = std::max(std::max(x00[ch], x01[ch]), std::max(x10[ch], x11[ch]));
+          const std::int64_t o = ((n * oh + i) * ow + j) * c;
+          for (std::int64_t ch = 0; ch < cv; ch += cpu::kLanes) {
+            const cpu::Vec a = cpu::load(x00 + ch), b = cpu::load(x01 + ch);
+            const cpu::Vec e = cpu::load(x10 + ch), f = cpu::load(x11 + ch);
+            const cpu::Vec ab = a >= b ? a : b, ef = e >= f ? e : f;
+            const cpu::Vec m = ab >= ef ? ab : ef;
+            cpu::store(yp + o + ch, m);
+            const cpu::Vec idx = first_max_index(a, b, e, m, cpu::splat(1.0f), cpu::Vec{});
+            const Bytes q = __builtin_convertvector(__builtin_convertvector(idx, Ints), Bytes);
+            __builtin_memcpy(ap + o + ch, &q, sizeof q);
+          }
+          for (std::int64_t ch = cv; ch < c; ++ch) {
+            const float m = std::max(std::max(x00[ch], x01[ch]), std::max(x10[ch], x11[ch]));
+            yp[o + ch] = m;
+            ap[o + ch] = static_cast<std::uint8_t>(first_max_index(x00[ch], x01[ch], x10[ch], m, 1.0f, 0.0f));
+          }
         }
   });
 }
@@ -40,8 +77,8 @@ void MaxPool2D::forward_cpu(const Tensor& x, Tensor& y) {
 void MaxPool2D::backward_cpu(const Tensor& dy, Tensor& dx) {
   if (!dx.defined()) return;
   const std::int64_t h = x_.dim(1), w = x_.dim(2), c = x_.dim(3), oh = h / 2, ow = w / 2;
-  const float* xp = x_.data<float>();
-  const float* yp = y_.data<float>();
+  const std::int64_t cv = c - c % cpu::kLanes;
+  const std::uint8_t* ap = argmax_.data<std::uint8_t>();
   const float* dyp = dy.data<float>();
   float* dxp = dx.data<float>();
   cpu_pool().parallel_for(x_.dim(0), [&](std::int64_t n0, std::int64_t n1, int) {
@@ -53,31 +90,29 @@ void MaxPool2D::backward_cpu(const Tensor& dy, Tensor& dx) {
           for (int r = 0; r < 2; ++r) std::memset(dxp + ((n * h + 2 * i + r) * w + w - 1) * c, 0, c * sizeof(float));
         for (std::int64_t j = 0; j < ow; ++j) {
           const std::int64_t o = ((n * oh + i) * ow + j) * c;
-          const std::int64_t base = ((n * h + 2 * i) * w + 2 * j) * c;
-          const float* __restrict x00 = xp + base;
-          const float* __restrict x01 = x00 + c;
-          const float* __restrict x10 = x00 + w * c;
-          float* __restrict d00 = dxp + base;
-          float* __restrict d01 = d00 + c;
-          float* __restrict d10 = d00 + w * c;
-          float* __restrict d11 = d10 + c;
-          const float* __restrict ym = yp + o;
-          const float* __restrict g = dyp + o;
-          // Branch-free, so the channel loop vectorises (which of the four wins is data-
-          // dependent: branches would mispredict). The 0/1 masks pick the first position
-          // equal to the maximum; the gradient itself is only selected, never combined, so
-          // an inf or NaN gradient still reaches the winner alone.
-#pragma omp simd
-          for (std::int64_t ch = 0; ch < c; ++ch) {
-            const float m = ym[ch];
-            const float a = x00[ch] == m ? 1.0f : 0.0f;
-            const float b = x01[ch] == m ? 1.0f - a : 0.0f;
-            const float e = x10[ch] == m ? 1.0f - a - b : 0.0f;
-            const float f = 1.0f - a - b - e;
-            d00[ch] = a > 0.0f ? g[ch] : 0.0f;
-            d01[ch] = b > 0.0f ? g[ch] : 0.0f;
-            d10[ch] = e > 0.0f ? g[ch] : 0.0f;
-            d11[ch] = f > 0.0f ? g[ch] : 0.0f;
+          float* d00 = dxp + ((n * h + 2 * i) * w + 2 * j) * c;
+          float* d01 = d00 + c;
+          float* d10 = d00 + w * c;
+          float* d11 = d10 + c;
+          // The gradient is only selected, never combined, so an inf or NaN reaches the
+          // winner alone.
+          for (std::int64_t ch = 0; ch < cv; ch += cpu::kLanes) {
+            Bytes qb;
+            __builtin_memcpy(&qb, ap + o + ch, sizeof qb);
+            const cpu::Vec q = __builtin_convertvector(__builtin_convertvector(qb, Ints), cpu::Vec);
+            const cpu::Vec g = cpu::load(dyp + o + ch), zero{};
+            cpu::store(d00 + ch, q == 0.0f ? g : zero);
+            cpu::store(d01 + ch, q == 1.0f ? g : zero);
+            cpu::store(d10 + ch, q == 2.0f ? g : zero);
+            cpu::store(d11 + ch, q == 3.0f ? g : zero);
+          }
+          for (std::int64_t ch = cv; ch < c; ++ch) {
+            const int q = ap[o + ch];
+            const float g = dyp[o + ch];
+            d00[ch] = q == 0 ? g : 0.0f;
+            d01[ch] = q == 1 ? g : 0.0f;
+            d10[ch] = q == 2 ? g : 0.0f;
+            d11[ch] = q == 3 ? g : 0.0f;
           }
         }
       }

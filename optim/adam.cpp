@@ -1,12 +1,14 @@
 // adam.cpp: the Adam update; the CPU loop here, the GPU as one kernel launch (launchers.h).
 #include "optim/adam.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <sstream>
 #include <stdexcept>
 
 #include "kernels/launchers.h"
+#include "tensor/parallel.h"
 
 namespace mf {
 
@@ -70,15 +72,19 @@ void Adam::step_cpu() {
   float* g = pack_->grads().data<float>();
   float* m = m_.data<float>();
   float* v = v_.data<float>();
-  const std::int64_t n = pack_->total();
+  // Split over the CPU threads in runs of whole cache lines (16 floats).
+  const std::int64_t lines = (pack_->total() + 15) / 16, n = pack_->total();
+  cpu_pool().parallel_for(lines, [&](std::int64_t l0, std::int64_t l1, int) {
+    const std::int64_t i1 = std::min(n, l1 * 16);
 #pragma omp simd
-  for (std::int64_t i = 0; i < n; ++i) {
-    const float gi = g[i];
-    m[i] = b1 * m[i] + (1.0f - b1) * gi;
-    v[i] = b2 * v[i] + (1.0f - b2) * gi * gi;
-    w[i] -= lr * m[i] / (std::sqrt(v[i]) + eps);
-    g[i] = 0.0f;
-  }
+    for (std::int64_t i = l0 * 16; i < i1; ++i) {
+      const float gi = g[i];
+      m[i] = b1 * m[i] + (1.0f - b1) * gi;
+      v[i] = b2 * v[i] + (1.0f - b2) * gi * gi;
+      w[i] -= lr * m[i] / (std::sqrt(v[i]) + eps);
+      g[i] = 0.0f;
+    }
+  }, 1024);
   t_count = t;
 }
 
