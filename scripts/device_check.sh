@@ -3,8 +3,9 @@
 #
 # Runs: the environment check (doctor), every GPU test, the 5-epoch GPU trainings (FP32 and
 # FP16 at batch 64 and 1024), the timing runs (graph vs eager, the three pipelines), the
-# PyTorch anchor when torch is importable there, and the benchmark suite; logs go to
-# $OUT (or results/device/), and a short table is printed last.
+# PyTorch anchor when torch is importable there, and the benchmark suite. Logs go to
+# results/device/ and, on the GPU machine, into $OUT as one archive (results.tgz) plus
+# summary.txt (that tool returns at most 8 files); a short table is printed last.
 #
 # The GPU machine has no internet and no stb: build here, carry the build, e.g.
 #   cmake -S . -B build-device -G Ninja -DMF_CPU_ARCH=x86-64-v3 && cmake --build build-device
@@ -16,7 +17,8 @@ set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 build="${1:-$root/build-device}"
 bin="$build/bin"
-out="${OUT:-$root/results/device}"
+out="$root/results/device"
+rm -rf "$out"
 mkdir -p "$out"
 summary="$out/summary.txt"
 : >"$summary"
@@ -90,7 +92,8 @@ fi
 # ---- benchmarks ----
 stage "benchmarks"
 if [ -x "$root/scripts/bench.sh" ]; then
-  MF_BENCH_BIN="$bin" timeout 420 "$root/scripts/bench.sh" "$out/bench" >"$out/bench.log" 2>&1
+  MF_BENCH_FILTER=gpu MF_BENCH_BIN_DIR="$bin" timeout 420 "$root/scripts/bench.sh" --no-build "$out/bench" \
+    >"$out/bench.log" 2>&1
   echo "bench: exit $?"
 fi
 
@@ -120,3 +123,7 @@ for r in rows:
 EOF
 grep -hE "SUMMARY|ms/epoch" "$out/torch_gpu.log" 2>/dev/null | tail -12 | tee -a "$summary"
 cat "$out/tests_totals.txt" | sort | uniq -c | tee -a "$summary"
+if [ -n "${OUT:-}" ]; then
+  tar -czf "$OUT/results.tgz" -C "$root/results" device
+  cp "$summary" "$OUT/summary.txt"
+fi
