@@ -10,16 +10,18 @@
 #include <cstdint>
 
 #include "kernels/cuda_check.h"
+#include "kernels/kernel_util.cuh"
 #include "kernels/launchers.h"
 
 namespace mf {
 
 namespace {
 
+using namespace gpu;
+
 constexpr int kBlock = 256;
 constexpr std::int64_t kMaxBlocks = 4096;  // grid-stride loops cover the rest
 
-bool aligned(const void* p, std::size_t bytes) { return reinterpret_cast<std::uintptr_t>(p) % bytes == 0; }
 
 // p / 255 rounded once to the nearest float (IEEE division: nvcc's default -prec-div=true,
 // made explicit), so every value equals the host's float(p) / 255.0f and Keras's

@@ -10,17 +10,19 @@
 #include <cstring>
 
 #include "kernels/cuda_check.h"
+#include "kernels/kernel_util.cuh"
 #include "kernels/launchers.h"
 
 namespace mf {
 
 namespace {
 
+using namespace gpu;
+
 constexpr int kBlock = 256;
 constexpr std::int64_t kMaxBlocks = 4096;  // grid-stride loops cover the rest
 constexpr int kWarp = 32;
 
-bool aligned(const void* p, std::size_t bytes) { return reinterpret_cast<std::uintptr_t>(p) % bytes == 0; }
 
 // Streaming multiprocessors of the current device (132 on an H200), asked once: the
 // backward reduction sizes its grid by it.
@@ -34,36 +36,7 @@ int sm_count() {
   return count;
 }
 
-__device__ __forceinline__ float to_f32(float x) { return x; }
-__device__ __forceinline__ float to_f32(__half x) { return __half2float(x); }
-template <class T> __device__ __forceinline__ T from_f32(float x);
-template <> __device__ __forceinline__ float from_f32<float>(float x) { return x; }
-template <> __device__ __forceinline__ __half from_f32<__half>(float x) { return __float2half_rn(x); }
 
-// N elements of T moved as one memory access of sizeof(T) * N bytes (16 for float x 4 or
-// half x 8: one 128-bit load per thread, the widest there is). The pointer must be
-// aligned to that size; the launchers check and fall back to N = 1.
-template <int kBytes> struct Word;
-template <> struct Word<16> { using type = uint4; };
-template <> struct Word<8> { using type = uint2; };
-template <> struct Word<4> { using type = unsigned int; };
-template <> struct Word<2> { using type = unsigned short; };
-template <class T, int N> struct Vec {
-  T v[N];
-};
-template <class T, int N> __device__ __forceinline__ Vec<T, N> load_vec(const T* p) {
-  using W = typename Word<sizeof(T) * N>::type;
-  const W w = *reinterpret_cast<const W*>(p);
-  Vec<T, N> r;
-  memcpy(&r, &w, sizeof w);  // a register move: reinterprets the word as N elements
-  return r;
-}
-template <class T, int N> __device__ __forceinline__ void store_vec(T* p, const Vec<T, N>& r) {
-  using W = typename Word<sizeof(T) * N>::type;
-  W w;
-  memcpy(&w, &r, sizeof w);
-  *reinterpret_cast<W*>(p) = w;
-}
 
 // ---- forward ----
 // y is seen as n / N vectors of N consecutive elements; N divides C, so a vector never

@@ -12,11 +12,14 @@
 #include <cstring>
 
 #include "kernels/cuda_check.h"
+#include "kernels/kernel_util.cuh"
 #include "kernels/launchers.h"
 
 namespace mf {
 
 namespace {
+
+using namespace gpu;
 
 constexpr int kBlock = 256;
 // A grid-stride loop lets a capped grid cover any n; 4096 blocks of 256 threads is ~8
@@ -27,7 +30,6 @@ int blocks_for(std::int64_t work) {
   return static_cast<int>(std::clamp<std::int64_t>((work + kBlock - 1) / kBlock, 1, kMaxBlocks));
 }
 
-bool aligned(const void* p, std::size_t bytes) { return reinterpret_cast<std::uintptr_t>(p) % bytes == 0; }
 
 // float -> half, bit for bit what the host's float_to_half gives: the hardware conversion
 // rounds to nearest even, overflows to inf at 65520 and keeps half subnormals (nvcc

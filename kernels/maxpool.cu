@@ -12,44 +12,20 @@
 #include <cstring>
 
 #include "kernels/cuda_check.h"
+#include "kernels/kernel_util.cuh"
 #include "kernels/launchers.h"
 
 namespace mf {
 
 namespace {
 
+using namespace gpu;
+
 constexpr int kBlock = 256;
 constexpr std::int64_t kMaxBlocks = 4096;  // grid-stride loops cover the rest
 
-bool aligned(const void* p, std::size_t bytes) { return reinterpret_cast<std::uintptr_t>(p) % bytes == 0; }
 
-__device__ __forceinline__ float to_f32(float x) { return x; }
-__device__ __forceinline__ float to_f32(__half x) { return __half2float(x); }
 
-// N elements of T moved as one memory access of sizeof(T) * N bytes; the launchers check
-// the alignment and fall back to N = 1.
-template <int kBytes> struct Word;
-template <> struct Word<16> { using type = uint4; };
-template <> struct Word<8> { using type = uint2; };
-template <> struct Word<4> { using type = unsigned int; };
-template <> struct Word<2> { using type = unsigned short; };
-template <> struct Word<1> { using type = unsigned char; };
-template <class T, int N> struct Vec {
-  T v[N];
-};
-template <class T, int N> __device__ __forceinline__ Vec<T, N> load_vec(const T* p) {
-  using W = typename Word<sizeof(T) * N>::type;
-  const W w = *reinterpret_cast<const W*>(p);
-  Vec<T, N> r;
-  memcpy(&r, &w, sizeof w);  // a register move: reinterprets the word as N elements
-  return r;
-}
-template <class T, int N> __device__ __forceinline__ void store_vec(T* p, const Vec<T, N>& r) {
-  using W = typename Word<sizeof(T) * N>::type;
-  W w;
-  memcpy(&w, &r, sizeof w);
-  *reinterpret_cast<W*>(p) = w;
-}
 
 // Where output vector i sits: i runs over (n, oi, oj, channel vector cv), cv fastest.
 struct PoolIndex {

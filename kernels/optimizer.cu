@@ -18,16 +18,18 @@
 #include <cstring>
 
 #include "kernels/cuda_check.h"
+#include "kernels/kernel_util.cuh"
 #include "kernels/launchers.h"
 
 namespace mf {
 
 namespace {
 
+using namespace gpu;
+
 constexpr int kBlock = 256;
 constexpr std::int64_t kMaxBlocks = 4096;  // grid-stride loops cover the rest
 
-bool aligned(const void* p, std::size_t bytes) { return reinterpret_cast<std::uintptr_t>(p) % bytes == 0; }
 
 int blocks_for(std::int64_t work) {
   return static_cast<int>(std::clamp<std::int64_t>((work + kBlock - 1) / kBlock, 1, kMaxBlocks));

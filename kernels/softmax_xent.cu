@@ -13,21 +13,19 @@
 #include <cstdint>
 
 #include "kernels/cuda_check.h"
+#include "kernels/kernel_util.cuh"
 #include "kernels/launchers.h"
 
 namespace mf {
 
 namespace {
 
+using namespace gpu;
+
 constexpr int kWarp = 32;
 constexpr int kBlock = 128;  // 4 warps, 4 rows at a time
 constexpr std::int64_t kMaxBlocks = 1024;
 
-__device__ __forceinline__ float to_f32(float x) { return x; }
-__device__ __forceinline__ float to_f32(__half x) { return __half2float(x); }
-template <class T> __device__ __forceinline__ T from_f32(float x);
-template <> __device__ __forceinline__ float from_f32<float>(float x) { return x; }
-template <> __device__ __forceinline__ __half from_f32<__half>(float x) { return __float2half_rn(x); }
 
 __device__ __forceinline__ float warp_sum(float v) {
   for (int offset = kWarp / 2; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);

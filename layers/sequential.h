@@ -135,6 +135,9 @@ class Sequential {
   History fit_gpu(const data::Dataset& train, const data::Dataset* validation, const FitOptions& options,
                   const FitCallbacks& callbacks);
   EvalResult evaluate_gpu(const data::Dataset& d, std::int64_t batch_size);
+  // The end of an epoch, for both loops: validation, the log, the callback. Returns false
+  // (after logging the partial epoch) when training was interrupted.
+  bool finish_epoch(EpochLog& log, History& history, const data::Dataset* validation, const FitCallbacks& callbacks);
 
   std::vector<std::unique_ptr<Layer>> layers_;
   Shape input_shape_;

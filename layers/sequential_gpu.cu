@@ -645,18 +645,7 @@ History Sequential::fit_gpu(const data::Dataset& train, const data::Dataset* val
       check_loss_scale(log.loss_scale, opt.min_loss_scale(), skipped, step, epoch, !history.interrupted);
     }
     if (!std::isfinite(st.loss_sum)) throw_non_finite(st.loss_sum, half, epoch, checked, step);
-    if (history.interrupted) {
-      history.epochs.push_back(log);
-      break;
-    }
-    if (validation && validation->count > 0) {
-      const EvalResult v = evaluate(*validation);
-      log.val_loss = v.loss;
-      log.val_accuracy = v.accuracy;
-    }
-    history.epochs.push_back(log);
-    history.completed_epochs = epoch + 1;
-    if (callbacks.on_epoch_end) callbacks.on_epoch_end(log);
+    if (!finish_epoch(log, history, validation, callbacks)) break;
   }
   set_training(true);
   return history;

@@ -26,24 +26,7 @@ using namespace mf;
 
 namespace {
 
-class TempDir {
- public:
-  explicit TempDir(const std::string& tag = "") {
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    path_ = fs::temp_directory_path() /
-            ("mf_cli_" + std::string(info->name()) + tag + "_" + std::to_string(::getpid()));
-    fs::remove_all(path_);
-    fs::create_directories(path_);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  std::string file(const std::string& name) const { return (path_ / name).string(); }
-
- private:
-  fs::path path_;
-};
+using mf::testing::TempDir;
 
 struct RunResult {
   int status;

@@ -28,25 +28,7 @@ using apps::CheckpointError;
 namespace {
 
 // A fresh folder per test, removed at the end.
-class TempDir {
- public:
-  TempDir() {
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    path_ = fs::temp_directory_path() /
-            ("mf_ckpt_" + std::string(info->name()) + "_" + std::to_string(::getpid()));
-    fs::remove_all(path_);
-    fs::create_directories(path_);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  std::string file(const std::string& name) const { return (path_ / name).string(); }
-  const fs::path& path() const { return path_; }
-
- private:
-  fs::path path_;
-};
+using mf::testing::TempDir;
 
 // 28x28 images: random pixels, labels 0..9. Enough to give the optimizer real state.
 data::Dataset synthetic(std::int64_t n, std::uint64_t seed) {

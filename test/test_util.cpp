@@ -4,8 +4,22 @@
 #include <algorithm>
 #include <cmath>
 #include <sstream>
+#include <unistd.h>
 
 namespace mf::testing {
+
+TempDir::TempDir(const std::string& tag) {
+  const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+  const std::string test = info ? std::string(info->test_suite_name()) + "_" + info->name() : "none";
+  path_ = std::filesystem::temp_directory_path() / ("mf_" + test + tag + "_" + std::to_string(::getpid()));
+  std::filesystem::remove_all(path_);
+  std::filesystem::create_directories(path_);
+}
+
+TempDir::~TempDir() {
+  std::error_code ec;
+  std::filesystem::remove_all(path_, ec);
+}
 
 std::vector<double> to_double(const Tensor& t) {
   const std::vector<float> f = t.to_vector();

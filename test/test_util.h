@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <filesystem>
 #include <ostream>
 #include <string>
 #include <vector>
@@ -24,6 +25,21 @@ inline void PrintTo(const Shape& s, std::ostream* os) { *os << s.str(); }
 }  // namespace mf
 
 namespace mf::testing {
+
+// A fresh folder under the system's temp folder, named after the running test (plus `tag`)
+// and this process, removed with everything in it when the object goes.
+class TempDir {
+ public:
+  explicit TempDir(const std::string& tag = "");
+  ~TempDir();
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  std::string file(const std::string& name) const { return (path_ / name).string(); }
+  const std::filesystem::path& path() const { return path_; }
+
+ private:
+  std::filesystem::path path_;
+};
 
 struct Tol {
   double atol, rtol;
