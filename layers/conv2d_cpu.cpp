@@ -187,9 +187,9 @@ void direct_image_fixed(const ConvGeom& g, const float* img, const float* wt, co
 
 namespace {
 
-// ---- implicit GEMM (conv2d_cpu_kernels.h): filters a multiple of 16 ----
+// ---- implicit GEMM (conv2d_cpu_kernels.h): filters a multiple of the vector width ----
 
-int vecs_for(std::int64_t K) { return K % 64 == 0 ? 4 : K % 32 == 0 ? 2 : 1; }
+using cpu::vecs_for;
 
 // y (N, H-k+1, W-k+1, K) = conv(x (N, H, W, C), Wt) [+ bias, ReLU]: output pixels are dealt
 // to threads in tiles of kTileRegs / kVecs.
@@ -249,7 +249,7 @@ void implicit_wgrad(const ConvGeom& g, const float* x, const float* dzm, std::in
 }
 
 // dx (N, H, W, C) = the data gradient for images [n0, n1), by scatter-adding tiles of
-// dgrad_tile (overwrites those images of dx). Needs k*C a multiple of 16*kVecs.
+// dgrad_tile (overwrites those images of dx). Needs k*C a multiple of kLanes*kVecs.
 template <int kVecs>
 void implicit_dgrad(const ConvGeom& g, const float* dzm, const float* w, std::int64_t n0, std::int64_t n1,
                     float* dx) {
@@ -363,7 +363,7 @@ void Conv2D::backward_implicit(const Tensor& dy, Tensor& dx) {
   const float* w = weight_.value.data<float>();
   const bool relu = act_ == Activation::kRelu;
   const int vecs = vecs_for(K);
-  const int dvecs = (g.k * g.c) % 64 == 0 ? 4 : (g.k * g.c) % 32 == 0 ? 2 : 1;
+  const int dvecs = vecs_for(g.k * g.c);
 
   pool.run_on_all([&](int t) {
     // dZ and the bias gradient for this thread's pixels, then its weight-gradient share.
@@ -372,7 +372,7 @@ void Conv2D::backward_implicit(const Tensor& dy, Tensor& dx) {
     float* db = dwt + g.kk_c * K;
     std::fill(dwt, dwt + part, 0.0f);
     for (std::int64_t p = p0; p < p1; ++p)
-      for (std::int64_t o = 0; o < K; o += cpu::kLanes) {  // K is a multiple of 16 on this path
+      for (std::int64_t o = 0; o < K; o += cpu::kLanes) {  // K is a multiple of kLanes on this path
         const cpu::Vec d = cpu::load(dyp + p * K + o);
         const cpu::Vec dz = relu ? (cpu::load(yp + p * K + o) > 0.0f ? d : cpu::Vec{}) : d;
         cpu::store(dzm + p * K + o, dz);

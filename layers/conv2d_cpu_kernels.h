@@ -11,17 +11,33 @@
 // step of the sum costs kVecs loads of Wt, kRows broadcasts of x and kRows*kVecs FMAs:
 // enough arithmetic per load to keep both FMA units of a core busy.
 //
-// Vec is a GCC/Clang vector of 16 floats: one AVX-512 register, or two AVX2 registers when
-// the build targets a CPU without AVX-512; the same source serves both.
+// Vec is a GCC/Clang vector of one register's width: 16 floats with AVX-512 (32 registers,
+// so 24 accumulators per tile), else 8 floats (AVX2's 16 registers: 12 accumulators and at
+// most 2 vectors of filters per tile). The same source serves both; the build's -march
+// decides (MF_CPU_ARCH).
 #pragma once
 #include <cstdint>
 #include <type_traits>
 
 namespace mf::cpu {
 
-typedef float Vec __attribute__((vector_size(64)));
-constexpr int kLanes = 16;
+#if defined(__AVX512F__)
+constexpr int kLanes = 16;     // floats per vector register
 constexpr int kTileRegs = 24;  // accumulators per tile
+constexpr int kMaxVecs = 4;    // vectors of filters per tile
+#else
+constexpr int kLanes = 8;
+constexpr int kTileRegs = 12;
+constexpr int kMaxVecs = 2;
+#endif
+typedef float Vec __attribute__((vector_size(kLanes * sizeof(float))));
+
+// The widest tile (in vectors, a power of two up to kMaxVecs) whose width divides n.
+inline int vecs_for(std::int64_t n) {
+  for (int v = kMaxVecs; v > 1; v /= 2)
+    if (n % (v * kLanes) == 0) return v;
+  return 1;
+}
 
 inline Vec load(const float* p) {
   Vec v;
@@ -29,7 +45,9 @@ inline Vec load(const float* p) {
   return v;
 }
 inline void store(float* p, Vec v) { __builtin_memcpy(p, &v, sizeof v); }
-inline Vec splat(float s) { return Vec{s, s, s, s, s, s, s, s, s, s, s, s, s, s, s, s}; }  // one vbroadcastss
+// s in every lane: one vbroadcastss. (s - 0 is exactly s for every float, -0 included, so
+// the compiler drops the subtraction; "0 + s" would not be exact for -0 and is kept.)
+inline Vec splat(float s) { return s - Vec{}; }
 inline Vec relu(Vec v) { return v > 0.0f ? v : Vec{}; }
 
 // One forward tile: rows pixels (kRows at compile time) x kVecs*16 filters from o0.
@@ -120,7 +138,7 @@ inline void with_rows(int rows, F&& f) {
 }
 
 // y (N, H-k+1, W-k+1, K) = conv(x (N, H, W, C), Wt) [+ bias] [ReLU], Wt the kernel
-// transposed to (k*k*C, K), with K a multiple of 16; tiles dealt to the CPU threads.
+// transposed to (k*k*C, K), with K a multiple of kLanes; tiles dealt to the CPU threads.
 // (A dense layer is the case H = W = k = 1.) Defined in conv2d_cpu.cpp.
 void conv_forward(std::int64_t n, std::int64_t h, std::int64_t w, std::int64_t c, std::int64_t k, const float* x,
                   const float* wt, std::int64_t K, const float* bias, bool relu, float* y);

@@ -41,7 +41,7 @@ namespace {
 std::int64_t row_grain(std::int64_t work_per_row) { return std::max<std::int64_t>(1, 65536 / work_per_row); }
 }  // namespace
 
-// With units a multiple of 16 the dense layer runs on the convolution's register-tiled
+// With units a multiple of the vector width the dense layer runs on the convolution's register-tiled
 // kernels (conv2d_cpu_kernels.h): it is a 1x1 convolution of a 1x1 "image" with `in`
 // channels, and the (in, units) kernel is already the transposed layout those tiles read.
 // Other sizes (the 10-way output layer) use Eigen.
@@ -124,7 +124,7 @@ void dense_wgrad(std::int64_t n, std::int64_t in, std::int64_t units, const floa
 void Dense::backward_tiled(Tensor& dx) {
   const std::int64_t n = x_.dim(0);
   const float* dzp = dz_.data<float>();
-  switch (units_ % 64 == 0 ? 4 : units_ % 32 == 0 ? 2 : 1) {
+  switch (cpu::vecs_for(units_)) {
     case 4: dense_wgrad<4>(n, in_, units_, x_.data<float>(), dzp, weight_.grad.data<float>()); break;
     case 2: dense_wgrad<2>(n, in_, units_, x_.data<float>(), dzp, weight_.grad.data<float>()); break;
     default: dense_wgrad<1>(n, in_, units_, x_.data<float>(), dzp, weight_.grad.data<float>()); break;

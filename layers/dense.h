@@ -37,7 +37,7 @@ class Dense final : public Layer {
   std::int64_t in_, units_;
   Activation act_;
   Parameter weight_, bias_;
-  void backward_tiled(Tensor& dx);  // CPU, units and inputs multiples of 16
+  void backward_tiled(Tensor& dx);  // CPU, units and inputs multiples of the vector width
   Tensor dz_;  // CPU: dy masked by ReLU
   // Deleted through the function dense_gpu.cu sets with the state: this header (and
   // dense.cpp, whose constructor may throw) only sees DenseGpuState declared.

@@ -19,13 +19,13 @@ Shape MaxPool2D::output_shape(const Shape& in) const {
 // Forward records which of the four positions won (the first on ties) as one byte per
 // output; backward then reads those bytes and dY, not the whole input again, which halves
 // its memory traffic (this layer is bound by memory, not arithmetic). Channels are
-// contiguous, so both run 16 channels at a time on explicit vectors (conv2d_cpu_kernels.h),
+// contiguous, so both run a vector of channels at a time (conv2d_cpu_kernels.h),
 // with selects rather than branches: which position wins is data-dependent, and branches
-// would mispredict. Leftover channels (C not a multiple of 16) take the scalar loop.
+// would mispredict. Leftover channels (C not a multiple of the vector width) take the scalar loop.
 namespace {
 
-typedef std::int32_t Ints __attribute__((vector_size(64)));
-typedef std::uint8_t Bytes __attribute__((vector_size(16)));
+typedef std::int32_t Ints __attribute__((vector_size(cpu::kLanes * 4)));
+typedef std::uint8_t Bytes __attribute__((vector_size(cpu::kLanes)));
 
 // Index 0..3 of the first of a, b, e, f equal to their maximum m.
 template <class T>
