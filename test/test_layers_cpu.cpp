@@ -40,13 +40,10 @@ constexpr Tol kFwdTol{1e-5, 1e-4};
 // reduction as the forward, so the same tolerance (largest error seen: 3% of it).
 constexpr Tol kDxTol{1e-5, 1e-4};
 // Weight gradients are reductions over the batch and every output pixel (up to 5*26*26 =
-// 3380 terms of size <= 1; sums of magnitude ~sqrt(terms) / 3), and some paths add them up
-// in one running float sum per thread, whose rounding error grows like sqrt(terms) * eps *
-// |sum| ~ 7e-5 here. So the absolute part scales with sqrt(terms): 1e-5 * sqrt(3380) =
-// 5.8e-4, while a wrong or missing term (an error of ~0.3) is still far outside. The largest
-// error seen over every path is 3.4% of this bound. The NMSE bound (relative RMS error 1e-5)
-// is the STYLE.md FP32 default; the observed values are 1e-15 .. 4e-13.
-Tol weight_grad_tol(std::int64_t terms) { return Tol{1e-5 * std::sqrt(static_cast<double>(terms)), 1e-4}; }
+// 3380 terms), some summed in one running float per thread: test_util's fp32_reduction_tol,
+// whose absolute part grows with sqrt(terms). The largest error seen over every path is 3.4%
+// of that bound. The NMSE bound (relative RMS error 1e-5) is the STYLE.md FP32 default; the
+// observed values are 1e-15 .. 4e-13.
 constexpr double kGradNmse = 1e-10;
 
 // Results computed with 1 and with 2 threads differ only by summation order (per-thread partial
@@ -199,9 +196,9 @@ void check_conv(const ConvCase& cc, std::uint64_t seed) {
     EXPECT_FALSE(dx.defined());
   }
   const std::int64_t terms = cc.n * y.dim(1) * y.dim(2);
-  EXPECT_TRUE(all_close(conv.weight().grad, ref.dw, weight_grad_tol(terms)));
+  EXPECT_TRUE(all_close(conv.weight().grad, ref.dw, mf::testing::fp32_reduction_tol(terms)));
   EXPECT_LE(nmse(conv.weight().grad, ref.dw), kGradNmse);
-  EXPECT_TRUE(all_close(conv.bias().grad, ref.db, weight_grad_tol(terms)));
+  EXPECT_TRUE(all_close(conv.bias().grad, ref.db, mf::testing::fp32_reduction_tol(terms)));
   EXPECT_LE(nmse(conv.bias().grad, ref.db), kGradNmse);
 
   // Every path accumulates: a second backward doubles the parameter gradients (within the
@@ -211,7 +208,7 @@ void check_conv(const ConvCase& cc, std::uint64_t seed) {
   if (cc.input_grad) {
     EXPECT_EQ(dx2.to_vector(), dx1.to_vector());
   }
-  const Tol twice_tol{2 * weight_grad_tol(terms).atol, 1e-4};
+  const Tol twice_tol{2 * mf::testing::fp32_reduction_tol(terms).atol, 1e-4};
   EXPECT_TRUE(all_close(conv.weight().grad, doubled(ref.dw), twice_tol)) << "second backward";
   EXPECT_TRUE(all_close(conv.bias().grad, doubled(ref.db), twice_tol)) << "second backward";
 }
@@ -294,8 +291,8 @@ TEST_P(LayerCpu, Conv2dWithoutInputGradient) {
   const Tensor& dx = conv.backward(dy);
   EXPECT_FALSE(dx.defined());
   const auto ref = mf::testing::conv2d_backward_ref(x, conv.weight().value, conv.bias().value, true, dy);
-  EXPECT_TRUE(all_close(conv.weight().grad, ref.dw, weight_grad_tol(3 * 7 * 6)));
-  EXPECT_TRUE(all_close(conv.bias().grad, ref.db, weight_grad_tol(3 * 7 * 6)));
+  EXPECT_TRUE(all_close(conv.weight().grad, ref.dw, mf::testing::fp32_reduction_tol(3 * 7 * 6)));
+  EXPECT_TRUE(all_close(conv.bias().grad, ref.db, mf::testing::fp32_reduction_tol(3 * 7 * 6)));
 }
 
 // The layer keeps its output and gradient buffers; a smaller (last) batch reuses the front
@@ -319,7 +316,7 @@ TEST_P(LayerCpu, Conv2dSmallerSecondBatchReusesBuffers) {
   EXPECT_EQ(dx.raw(), dx_buffer);
   const auto ref = mf::testing::conv2d_backward_ref(small, conv.weight().value, conv.bias().value, false, dy);
   EXPECT_TRUE(all_close(dx, ref.dx, kDxTol));
-  EXPECT_TRUE(all_close(conv.weight().grad, ref.dw, weight_grad_tol(2 * 49)));
+  EXPECT_TRUE(all_close(conv.weight().grad, ref.dw, mf::testing::fp32_reduction_tol(2 * 49)));
 }
 
 TEST(LayerCpuThreads, Conv2dOneAndTwoThreadsAgree) {
@@ -464,14 +461,14 @@ void check_dense(std::int64_t n, std::int64_t in, std::int64_t units, bool relu,
   const auto ref = mf::testing::dense_backward_ref(x, w, b, relu, dy);
   ASSERT_TRUE(dx.defined());
   EXPECT_TRUE(all_close(dx, ref.dx, kDxTol));
-  EXPECT_TRUE(all_close(dense.weight().grad, ref.dw, weight_grad_tol(n)));
+  EXPECT_TRUE(all_close(dense.weight().grad, ref.dw, mf::testing::fp32_reduction_tol(n)));
   EXPECT_LE(nmse(dense.weight().grad, ref.dw), kGradNmse);
-  EXPECT_TRUE(all_close(dense.bias().grad, ref.db, weight_grad_tol(n)));
+  EXPECT_TRUE(all_close(dense.bias().grad, ref.db, mf::testing::fp32_reduction_tol(n)));
   EXPECT_LE(nmse(dense.bias().grad, ref.db), kGradNmse);
 
   const Tensor dx1 = dx.clone();
   EXPECT_EQ(dense.backward(dy).to_vector(), dx1.to_vector());
-  const Tol twice_tol{2 * weight_grad_tol(n).atol, 1e-4};
+  const Tol twice_tol{2 * mf::testing::fp32_reduction_tol(n).atol, 1e-4};
   EXPECT_TRUE(all_close(dense.weight().grad, doubled(ref.dw), twice_tol)) << "second backward";
   EXPECT_TRUE(all_close(dense.bias().grad, doubled(ref.db), twice_tol)) << "second backward";
 }
@@ -511,8 +508,8 @@ TEST_P(LayerCpu, DenseGradientsAccumulateAndInputGradientCanBeOff) {
   first.forward(x);
   EXPECT_FALSE(first.backward(dy).defined());
   const auto ref = mf::testing::dense_backward_ref(x, first.weight().value, first.bias().value, true, dy);
-  EXPECT_TRUE(all_close(first.weight().grad, ref.dw, weight_grad_tol(9)));
-  EXPECT_TRUE(all_close(first.bias().grad, ref.db, weight_grad_tol(9)));
+  EXPECT_TRUE(all_close(first.weight().grad, ref.dw, mf::testing::fp32_reduction_tol(9)));
+  EXPECT_TRUE(all_close(first.bias().grad, ref.db, mf::testing::fp32_reduction_tol(9)));
 }
 
 TEST(LayerCpuThreads, DenseOneAndTwoThreadsAgree) {

@@ -38,9 +38,8 @@ using mf::testing::uniform;
 // largest value rather than of each term, so the conv absolute part is 5e-5.
 constexpr Tol kFp32DenseTol{1e-5, 1e-4};
 constexpr Tol kFp32ConvTol{5e-5, 1e-4};
-// Weight and bias gradients reduce over N*OH*OW output pixels (up to 2*26*26 = 1352 terms of
-// size <= 1, sums ~ sqrt(terms) / 3): rounding grows like sqrt(terms), as in the CPU tests.
-Tol fp32_grad_tol(std::int64_t terms) { return Tol{1e-5 * std::sqrt(static_cast<double>(terms)), 1e-4}; }
+// Weight and bias gradients reduce over N*OH*OW output pixels (up to 2*26*26 = 1352 terms):
+// test_util's fp32_reduction_tol, as in the CPU tests.
 constexpr double kFp32Nmse = 1e-10;  // relative RMS error 1e-5 (STYLE.md's FP32 default)
 
 // FP16: inputs, weights, biases and dy are exact half values on both sides, and products of
@@ -149,7 +148,7 @@ void check_conv(const ConvCase& cc, DType dtype, std::uint64_t seed) {
   }
   const std::int64_t terms = cc.n * dy.dim(1) * dy.dim(2);
   const Tols tol = half ? Tols{kFp16Tol, kFp16Tol, kFp16Tol, kFp16Nmse}
-                        : Tols{kFp32ConvTol, kFp32ConvTol, fp32_grad_tol(terms), kFp32Nmse};
+                        : Tols{kFp32ConvTol, kFp32ConvTol, mf::testing::fp32_reduction_tol(terms), kFp32Nmse};
 
   Reference ref;
   ref.y = conv.forward(x).clone();
@@ -234,7 +233,7 @@ TEST(LayerGpu, Conv2dWithoutInputGradientFp32) {  // the model's first layer: no
   conv.to(Device::kGpu);
   conv.forward(x.to(Device::kGpu));
   EXPECT_FALSE(conv.backward(dy.to(Device::kGpu)).defined());
-  expect_grads(conv.weight(), conv.bias(), ref, {kFp32ConvTol, kFp32ConvTol, fp32_grad_tol(2 * 26 * 26), kFp32Nmse},
+  expect_grads(conv.weight(), conv.bias(), ref, {kFp32ConvTol, kFp32ConvTol, mf::testing::fp32_reduction_tol(2 * 26 * 26), kFp32Nmse},
                1.0, "no input gradient");
   EXPECT_EQ(conv.gpu_config().find("bwd-data"), std::string::npos) << conv.gpu_config();
 }

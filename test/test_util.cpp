@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <sstream>
 #include <unistd.h>
 
@@ -56,6 +57,17 @@ std::vector<double> to_double(const Tensor& t) {
   if (a.shape() != ref.shape())
     return ::testing::AssertionFailure() << "shape " << a.shape().str() << " vs " << ref.shape().str();
   return all_close(to_double(a), to_double(ref), tol);
+}
+
+float float_from_bits(std::uint32_t b) {
+  float f;
+  std::memcpy(&f, &b, 4);
+  return f;
+}
+std::uint32_t bits_of_float(float f) {
+  std::uint32_t b;
+  std::memcpy(&b, &f, 4);
+  return b;
 }
 
 double nmse(const std::vector<double>& a, const std::vector<double>& ref) {

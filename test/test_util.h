@@ -3,6 +3,7 @@
 #pragma once
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdint>
 #include <filesystem>
 #include <ostream>
@@ -50,6 +51,16 @@ struct Tol {
 ::testing::AssertionResult all_close(const std::vector<double>& a, const std::vector<double>& ref, Tol tol);
 ::testing::AssertionResult all_close(const Tensor& a, const std::vector<double>& ref, Tol tol);
 ::testing::AssertionResult all_close(const Tensor& a, const Tensor& ref, Tol tol);
+// FP32 tolerance for a reduction of `terms` products of size <= 1 (weight and bias
+// gradients): float rounding of a running sum grows like sqrt(terms) * eps * |sum|, so the
+// absolute part scales with sqrt(terms): 1e-5 * sqrt(3380) = 5.8e-4 for the largest
+// reductions tested, while a wrong or missing term (an error of ~0.3) is far outside.
+inline Tol fp32_reduction_tol(std::int64_t terms) { return Tol{1e-5 * std::sqrt(static_cast<double>(terms)), 1e-4}; }
+
+// Bits of a float and back (for exact checks of conversions).
+float float_from_bits(std::uint32_t b);
+std::uint32_t bits_of_float(float f);
+
 // Normalised mean squared error sum (a - r)^2 / sum r^2 (0 when both are zero).
 double nmse(const std::vector<double>& a, const std::vector<double>& ref);
 double nmse(const Tensor& a, const std::vector<double>& ref);
