@@ -56,8 +56,8 @@ Sequential Sequential::mnist_cnn(Rng& rng, std::int64_t height, std::int64_t wid
   m.add(std::make_unique<Conv2D>(32, 64, 3, Activation::kRelu, rng)).set_name("conv2d_1");
   m.add(std::make_unique<MaxPool2D>()).set_name("max_pooling2d_1");
   m.add(std::make_unique<Flatten>()).set_name("flatten");
-  const Shape flat = m.layers_[4]->output_shape(m.layers_[3]->output_shape(
-      m.layers_[2]->output_shape(m.layers_[1]->output_shape(m.layers_[0]->output_shape(Shape{1, height, width, channels})))));
+  Shape flat = m.batch_shape(1);
+  for (const auto& l : m.layers_) flat = l->output_shape(flat);  // (1, 5*5*64) for 28x28 inputs
   m.add(std::make_unique<Dense>(flat[1], 64, Activation::kRelu, rng)).set_name("dense");
   m.add(std::make_unique<Dense>(64, classes, Activation::kNone, rng)).set_name("dense_1");
   return m;
@@ -87,13 +87,16 @@ std::int64_t Sequential::num_params() {
 
 void Sequential::set_input_shape(const Shape& sample) { input_shape_ = sample; }
 
+Shape Sequential::batch_shape(std::int64_t n) const {
+  std::vector<std::int64_t> dims{n};
+  for (auto d : input_shape_.dims()) dims.push_back(d);
+  return Shape(dims);
+}
+
 std::string Sequential::architecture() const {
   std::ostringstream os;
   os << "input" << input_shape_.str();
-  Shape s = Shape(std::vector<std::int64_t>{1});
-  std::vector<std::int64_t> dims{1};
-  for (auto d : input_shape_.dims()) dims.push_back(d);
-  s = Shape(dims);
+  Shape s = batch_shape(1);
   for (const auto& l : layers_) {
     s = l->output_shape(s);
     os << "|" << l->type() << "->" << s.str();
@@ -103,9 +106,7 @@ std::string Sequential::architecture() const {
 
 std::string Sequential::summary() const {
   // Rows first, so the name column can be as wide as the longest "name (Type)".
-  std::vector<std::int64_t> dims{1};
-  for (auto d : input_shape_.dims()) dims.push_back(d);
-  Shape s(dims);
+  Shape s = batch_shape(1);
   struct Row {
     std::string name, shape;
     std::int64_t params;
@@ -215,8 +216,7 @@ History Sequential::fit_cpu(const data::Dataset& train, const data::Dataset* val
   history.completed_epochs = options.initial_epoch;
   const std::int64_t bs = options.batch_size;
   const std::int64_t steps = data::num_batches(train.count, bs);
-  const Shape batch_shape = Shape{bs, train.rows, train.cols, 1};
-  Tensor x = Tensor::empty(batch_shape);
+  Tensor x = Tensor::empty(batch_shape(bs));
   Tensor y = Tensor::empty(Shape{bs}, DType::kI32);
   Tensor stats = Tensor::zeros(Shape{kNumStats});
   Tensor dlogits;
@@ -294,7 +294,7 @@ EvalResult Sequential::evaluate(const data::Dataset& d, std::int64_t batch_size)
   if (device_ == Device::kGpu) return evaluate_gpu(d, batch_size);
   set_training(false);
   const std::int64_t bs = std::min(batch_size, std::max<std::int64_t>(1, d.count));
-  Tensor x = Tensor::empty(Shape{bs, d.rows, d.cols, 1});
+  Tensor x = Tensor::empty(batch_shape(bs));
   Tensor y = Tensor::empty(Shape{bs}, DType::kI32);
   Tensor stats = Tensor::zeros(Shape{kNumStats});
   std::vector<std::int32_t> idx(static_cast<std::size_t>(bs));
@@ -325,9 +325,7 @@ Tensor Sequential::predict(const Tensor& x, std::int64_t batch_size) {
   const Tensor xh = x.is_cpu() ? x : x.to(Device::kCpu);
   set_training(false);
   std::vector<float> out;
-  std::vector<std::int64_t> dims{0};
-  for (auto d : input_shape_.dims()) dims.push_back(d);
-  Shape s(dims);
+  Shape s = batch_shape(0);
   for (const auto& l : layers_) s = l->output_shape(s);
   const std::int64_t classes = s[1];
   for (std::int64_t b0 = 0; b0 < xh.dim(0); b0 += batch_size) {

@@ -93,6 +93,8 @@ class Sequential {
   // The sample shape (without batch) the model takes, e.g. (28, 28, 1).
   void set_input_shape(const Shape& sample);
   const Shape& input_shape() const { return input_shape_; }
+  // (n, H, W, C): the input shape of a batch of n.
+  Shape batch_shape(std::int64_t n) const;
   // A short string naming the layers and their sizes; checkpoints compare it.
   std::string architecture() const;
 
