@@ -90,7 +90,7 @@ struct Options {
   std::int64_t epochs = 5, batch_size = 64, seed = 0, threads = 0, gpu = 0, gpu_memory_limit_mb = 0,
                workspace_mb = 64, limit_train = 0;
   double lr = 1e-3, momentum = 0.0, validation_split = 0.2, min_accuracy = 0.0;
-  bool fp16 = false, no_graph = false, verbose = false, quiet = false;
+  bool fp16 = false, no_graph = false, dense_grad = false, verbose = false, quiet = false;
 };
 
 }  // namespace
@@ -121,6 +121,8 @@ int main(int argc, char** argv) {
                 "GPU: cap device memory at this many MiB (0: no cap); going past it is an out-of-memory error");
   flags.add_string("pipeline", &o.pipeline, "GPU: how batches reach the device", {"auto", "resident", "prefetch", "naive"});
   flags.add_bool("no-graph", &o.no_graph, "GPU: run the step eagerly instead of replaying a CUDA graph");
+  flags.add_bool("dense-grad", &o.dense_grad,
+                 "CPU: multiply the zeros of the convolution's output gradient too, instead of skipping them");
   flags.add_string("conv-algo", &o.conv_algo, "GPU: cuDNN algorithm choice", {"find", "heuristic"});
   flags.add_int("workspace-mb", &o.workspace_mb, 0, 1 << 20, "GPU: cuDNN workspace limit in MiB");
   flags.add_bool("verbose", &o.verbose, "print per-layer GPU algorithms and memory use");
@@ -203,6 +205,7 @@ int main(int argc, char** argv) {
     }
     conv_options().find = o.conv_algo == "find";
     conv_options().workspace_limit = static_cast<std::size_t>(o.workspace_mb) << 20;
+    if (o.dense_grad) conv_options().cpu_sparse_below = 0.0;
 
     // ---- data ----
     const data::Mnist mnist = data::load_mnist(o.data_dir);
@@ -293,6 +296,8 @@ int main(int argc, char** argv) {
                                              : Pipeline::kAuto;
     if (device == Device::kCpu && (o.pipeline != "auto" || o.no_graph))
       std::fprintf(stderr, "train_mnist: note: --pipeline and --no-graph apply to the GPU only\n");
+    if (device != Device::kCpu && o.dense_grad)
+      std::fprintf(stderr, "train_mnist: note: --dense-grad applies to the CPU only\n");
 
     apps::ProgressPrinter progress(stdout, !o.quiet && isatty(STDOUT_FILENO), static_cast<int>(o.epochs));
     FitCallbacks cb;

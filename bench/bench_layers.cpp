@@ -36,18 +36,19 @@ struct LayerCase {
   std::function<std::unique_ptr<Layer>(Rng&)> make;
   bool input_grad;   // the first convolution computes no input gradient
   double fwd_macs;   // multiply-adds per image
-  double bwd_macs;
+  double bwd_macs;   // dense count; the CPU skips the zeros of a pooled gradient (conv2d_cpu_kernels.h)
+  bool pooled = false;  // a max-pool follows in the model: its backward makes this layer's dy
 };
 
 const std::vector<LayerCase>& cases() {
   static const std::vector<LayerCase> c = {
       {"conv2d", Shape{28, 28, 1},
        [](Rng& r) { return std::make_unique<Conv2D>(1, 32, 3, Activation::kRelu, r); }, false, 26.0 * 26 * 32 * 9,
-       26.0 * 26 * 32 * 9},
+       26.0 * 26 * 32 * 9, true},
       {"max_pooling2d", Shape{26, 26, 32}, [](Rng&) { return std::make_unique<MaxPool2D>(); }, true, 0, 0},
       {"conv2d_1", Shape{13, 13, 32},
        [](Rng& r) { return std::make_unique<Conv2D>(32, 64, 3, Activation::kRelu, r); }, true,
-       11.0 * 11 * 64 * 288, 2 * 11.0 * 11 * 64 * 288},
+       11.0 * 11 * 64 * 288, 2 * 11.0 * 11 * 64 * 288, true},
       {"max_pooling2d_1", Shape{11, 11, 64}, [](Rng&) { return std::make_unique<MaxPool2D>(); }, true, 0, 0},
       {"dense", Shape{1600}, [](Rng& r) { return std::make_unique<Dense>(1600, 64, Activation::kRelu, r); }, true,
        1600.0 * 64, 2 * 1600.0 * 64},
@@ -61,6 +62,16 @@ Shape batched(const Shape& sample, std::int64_t batch) {
   std::vector<std::int64_t> d{batch};
   for (auto v : sample.dims()) d.push_back(v);
   return Shape(d);
+}
+
+// The gradient the layer gets in training, for its output y (on the CPU): where a max-pool
+// follows, that pool's backward of a random pooled gradient (three of four entries zero,
+// and the rows and columns the pool drops), else random everywhere.
+Tensor model_gradient(const LayerCase& c, const Tensor& y) {
+  if (!c.pooled) return uniform_tensor(y.shape(), -1.0f, 1.0f, 3);
+  MaxPool2D pool;
+  const Shape pooled = pool.forward(y).shape();
+  return pool.backward(uniform_tensor(pooled, -1.0f, 1.0f, 3)).clone();
 }
 
 void set_work_counters(benchmark::State& state, const LayerCase& c, std::int64_t batch, bool backward,
@@ -80,8 +91,9 @@ void BM_LayerCpu(benchmark::State& state, const LayerCase* c, std::int64_t batch
   std::unique_ptr<Layer> layer = c->make(rng);
   layer->set_needs_input_grad(c->input_grad);
   const Tensor x = uniform_tensor(batched(c->sample, batch), -1.0f, 1.0f, 2);
-  const Shape out = layer->forward(x).shape();
-  const Tensor dy = uniform_tensor(out, -1.0f, 1.0f, 3);
+  const Tensor y = layer->forward(x).clone();
+  const Shape out = y.shape();
+  const Tensor dy = model_gradient(*c, y);
   if (backward) layer->backward(dy);  // warm-up: buffers
   for (auto _ : state) {
     if (backward) benchmark::DoNotOptimize(layer->backward(dy).raw());
@@ -131,7 +143,7 @@ void BM_LayerGpu(benchmark::State& state, const LayerCase* c, std::int64_t batch
   const Shape out = layer->forward(x).shape();
   gpu_synchronize();
   state.counters["first_fwd_ms"] = ms_since(t0);
-  const Tensor dy = uniform_tensor(out, -1.0f, 1.0f, 3).to(dtype).to(Device::kGpu);
+  const Tensor dy = model_gradient(*c, layer->forward(x).to(Device::kCpu).to(DType::kF32)).to(dtype).to(Device::kGpu);
   if (backward) {
     t0 = Clock::now();
     layer->backward(dy);

@@ -47,6 +47,11 @@ class Conv2D final : public Layer {
   Activation act_;
   Parameter weight_, bias_;
   std::vector<float> scratch_;   // CPU: per-thread im2col and gradient buffers
+  // CPU backward: the output gradient's nonzero entries, pixel by pixel (conv2d_cpu.cpp)
+  // and, per thread, the same entries regrouped by filter
+  std::vector<float> nz_val_;
+  std::vector<std::int32_t> nz_idx_;
+  std::vector<std::int64_t> nz_rows_;
   // Deleted through the function conv2d_gpu.cu sets with the state: this header (and
   // conv2d.cpp, whose constructor may throw) only sees ConvGpuState declared.
   std::unique_ptr<ConvGpuState, void (*)(ConvGpuState*)> gpu_{nullptr, nullptr};

@@ -23,6 +23,7 @@
 
 #include "layers/conv2d.h"
 #include "layers/conv2d_cpu_kernels.h"
+#include "layers/conv_options.h"
 #include "layers/eigen_util.h"
 #include "tensor/parallel.h"
 
@@ -345,65 +346,147 @@ void Conv2D::forward_implicit(const Tensor& x, Tensor& y) {
                     bias_.value.data<float>(), act_ == Activation::kRelu, y.data<float>());
 }
 
-// Backward with implicit GEMMs: dZ (dY masked by ReLU) into a buffer, then
+// Backward with implicit GEMMs, each thread on its own run of images:
+//   dZ = dY masked by ReLU, and the bias gradient (its sum over pixels)
 //   weight gradient  dWt (kkC, K) = sum over pixels of receptive field (x) dz    (wgrad tiles)
 //   data gradient    dx[field of p] += W^T dz_p, scatter-added                  (dgrad tiles)
+// or, when few enough dZ entries are nonzero (conv_options().cpu_sparse_below), the same two
+// gradients from lists of the nonzero entries (conv2d_cpu_kernels.h, "Sparse gradients").
+// dZ is listed first; a thread whose share turns out dense writes it out for the tiles.
 void Conv2D::backward_implicit(const Tensor& dy, Tensor& dx) {
   const ConvGeom g = geometry(x_, k_, filters_);
-  const std::int64_t K = g.filters, total = g.n * g.oh * g.ow;
+  const std::int64_t K = g.filters, run = g.k * g.c, pixels = g.oh * g.ow, total = g.n * pixels;
+  const std::int64_t image = g.h * g.w * g.c;  // floats of one input image
   ThreadPool& pool = cpu_pool();
   const int threads = pool.num_threads();
-  const std::int64_t part = g.kk_c * K + K;  // per-thread dWt and db
-  const std::size_t need = static_cast<std::size_t>(total * K + part * threads);
-  if (scratch_.size() < need) scratch_.resize(need);
-  float* dzm = scratch_.data();
-  float* parts = dzm + total * K;
+  // Per thread: dW (in either layout), db, one dz row, and the sparse weight gradient's
+  // per-filter lists for one block of images.
+  const std::int64_t block_images = g.images_per_block(), block = block_images * pixels;
+  const std::int64_t part = g.kk_c * K + 2 * K;
+  if (scratch_.size() < static_cast<std::size_t>(total * K + part * threads))
+    scratch_.resize(static_cast<std::size_t>(total * K + part * threads));
+  const std::int64_t csr = total * K + cpu::kLanes, csc = K * block;  // room for pack_nonzeros
+  if (nz_val_.size() < static_cast<std::size_t>(csr + csc * threads)) {
+    nz_val_.resize(static_cast<std::size_t>(csr + csc * threads));
+    nz_idx_.resize(nz_val_.size());
+  }
+  if (nz_rows_.size() < static_cast<std::size_t>(2 * total + K * threads))
+    nz_rows_.resize(static_cast<std::size_t>(2 * total + K * threads));
   const float* yp = y_.data<float>();
   const float* dyp = dy.data<float>();
+  const float* xp = x_.data<float>();
   const float* w = weight_.value.data<float>();
+  float* dxp = dx.defined() ? dx.data<float>() : nullptr;
   const bool relu = act_ == Activation::kRelu;
-  const int vecs = vecs_for(K);
-  const int dvecs = vecs_for(g.k * g.c);
+  const double sparse_below = (run % cpu::kLanes == 0) ? conv_options().cpu_sparse_below : 0.0;
+  std::vector<char> sparse_part(static_cast<std::size_t>(threads));
 
   pool.run_on_all([&](int t) {
-    // dZ and the bias gradient for this thread's pixels, then its weight-gradient share.
-    const std::int64_t p0 = total * t / threads, p1 = total * (t + 1) / threads;
-    float* dwt = parts + t * part;
+    const std::int64_t n0 = g.n * t / threads, n1 = g.n * (t + 1) / threads;
+    const std::int64_t p0 = n0 * pixels, p1 = n1 * pixels;
+    float* dwt = scratch_.data() + total * K + t * part;
     float* db = dwt + g.kk_c * K;
-    std::fill(dwt, dwt + part, 0.0f);
-    for (std::int64_t p = p0; p < p1; ++p)
-      for (std::int64_t o = 0; o < K; o += cpu::kLanes) {  // K is a multiple of kLanes on this path
-        const cpu::Vec d = cpu::load(dyp + p * K + o);
-        const cpu::Vec dz = relu ? (cpu::load(yp + p * K + o) > 0.0f ? d : cpu::Vec{}) : d;
-        cpu::store(dzm + p * K + o, dz);
+    float* row = db + K;
+    std::fill(dwt, dwt + g.kk_c * K + K, 0.0f);
+    auto masked = [&](std::int64_t p, std::int64_t o) {  // K is a multiple of kLanes on this path
+      const cpu::Vec d = cpu::load(dyp + p * K + o);
+      return relu ? (cpu::load(yp + p * K + o) > 0.0f ? d : cpu::Vec{}) : d;
+    };
+    // dZ's nonzero entries, pixel by pixel: [begin[p], end[p]) of idx (filter) and val.
+    float* val = nz_val_.data();
+    std::int32_t* idx = nz_idx_.data();
+    std::int64_t* begin = nz_rows_.data();
+    std::int64_t* end = begin + total;
+    float* dzm = scratch_.data();
+    const bool listing = sparse_below > 0;  // else dZ goes straight to dzm
+    std::int64_t e = p0 * K;
+    for (std::int64_t p = p0; p < p1; ++p) {
+      float* dz_p = listing ? row : dzm + p * K;
+      for (std::int64_t o = 0; o < K; o += cpu::kLanes) {
+        const cpu::Vec dz = masked(p, o);
+        cpu::store(dz_p + o, dz);
         cpu::store(db + o, cpu::load(db + o) + dz);
       }
-    switch (vecs) {
-      case 4: implicit_wgrad<4>(g, x_.data<float>(), dzm, p0, p1, dwt); break;
-      case 2: implicit_wgrad<2>(g, x_.data<float>(), dzm, p0, p1, dwt); break;
-      default: implicit_wgrad<1>(g, x_.data<float>(), dzm, p0, p1, dwt); break;
+      begin[p] = e;
+      if (listing) e += cpu::pack_nonzeros(row, K, idx + e, val + e);
+      end[p] = e;
+    }
+    const bool sparse = static_cast<double>(e - p0 * K) < sparse_below * static_cast<double>((p1 - p0) * K);
+    sparse_part[t] = sparse;
+
+    if (!sparse) {
+      if (listing)
+        for (std::int64_t p = p0; p < p1; ++p)
+          for (std::int64_t o = 0; o < K; o += cpu::kLanes) cpu::store(dzm + p * K + o, masked(p, o));
+      switch (cpu::vecs_for(K)) {
+        case 4: implicit_wgrad<4>(g, xp, dzm, p0, p1, dwt); break;
+        case 2: implicit_wgrad<2>(g, xp, dzm, p0, p1, dwt); break;
+        default: implicit_wgrad<1>(g, xp, dzm, p0, p1, dwt); break;
+      }
+      if (dxp) switch (cpu::vecs_for(run)) {
+          case 4: implicit_dgrad<4>(g, dzm, w, n0, n1, dxp); break;
+          case 2: implicit_dgrad<2>(g, dzm, w, n0, n1, dxp); break;
+          default: implicit_dgrad<1>(g, dzm, w, n0, n1, dxp); break;
+        }
+      return;
+    }
+
+    // Weight gradient dW (K, kkC), a block of images at a time: the block's entries
+    // regrouped by filter (the offset of their pixel's receptive field in the block, and the
+    // value), then per filter and chunk of a receptive-field row, one sparse_rows_sum.
+    float* fval = nz_val_.data() + csr + t * csc;
+    std::int32_t* ffield = nz_idx_.data() + csr + t * csc;
+    std::int64_t* count = nz_rows_.data() + 2 * total + t * K;
+    for (std::int64_t b0 = n0; b0 < n1; b0 += block_images) {
+      const std::int64_t b1 = std::min(n1, b0 + block_images);
+      std::fill(count, count + K, 0);
+      for (std::int64_t p = b0 * pixels; p < b1 * pixels; ++p) {
+        const std::int64_t q = p - b0 * pixels, img = q / pixels, in_img = q % pixels;
+        const auto field = static_cast<std::int32_t>(img * image + ((in_img / g.ow) * g.w + in_img % g.ow) * g.c);
+        for (std::int64_t i = begin[p]; i < end[p]; ++i) {
+          const std::int64_t slot = idx[i] * block + count[idx[i]]++;
+          ffield[slot] = field;
+          fval[slot] = val[i];
+        }
+      }
+      const float* xb = xp + b0 * image;
+      for (std::int64_t o = 0; o < K; ++o) {
+        if (count[o] == 0) continue;
+        for (std::int64_t r = 0; r < g.k; ++r)
+          cpu::for_each_chunk(run, [&](std::int64_t j0, auto v) {
+            cpu::sparse_rows_sum<decltype(v)::value>(xb + r * g.w * g.c + j0, 1, ffield + o * block,
+                                                     fval + o * block, count[o], dwt + o * g.kk_c + r * run + j0);
+          });
+      }
+    }
+    if (!dxp) return;
+    // Data gradient, image by image, per chunk of W's columns (its K rows of the chunk stay
+    // in L1): every pixel's entries select rows of W.
+    for (std::int64_t n = n0; n < n1; ++n) {
+      float* img = dxp + n * image;
+      std::memset(img, 0, static_cast<std::size_t>(image) * sizeof(float));
+      for (std::int64_t r = 0; r < g.k; ++r)
+        cpu::for_each_chunk(run, [&](std::int64_t j0, auto v) {
+          for (std::int64_t q = 0; q < pixels; ++q) {
+            const std::int64_t p = n * pixels + q;
+            float* field = img + ((q / g.ow + r) * g.w + q % g.ow) * g.c + j0;
+            cpu::sparse_rows_sum<decltype(v)::value>(w + r * run + j0, g.kk_c, idx + begin[p], val + begin[p],
+                                                     end[p] - begin[p], field);
+          }
+        });
     }
   });
-  if (dx.defined()) {
-    // Threads take whole images: scatter-adds of neighbouring pixels overlap within one.
-    pool.run_on_all([&](int t) {
-      const std::int64_t n0 = g.n * t / threads, n1 = g.n * (t + 1) / threads;
-      float* dxp = dx.data<float>();
-      switch (dvecs) {
-        case 4: implicit_dgrad<4>(g, dzm, w, n0, n1, dxp); break;
-        case 2: implicit_dgrad<2>(g, dzm, w, n0, n1, dxp); break;
-        default: implicit_dgrad<1>(g, dzm, w, n0, n1, dxp); break;
-      }
-    });
-  }
   float* dw = weight_.grad.data<float>();
   float* dbias = bias_.grad.data<float>();
   for (int t = 0; t < threads; ++t) {
-    const float* dwt = parts + t * part;
-    for (std::int64_t o = 0; o < K; ++o) {
-      for (std::int64_t j = 0; j < g.kk_c; ++j) dw[o * g.kk_c + j] += dwt[j * K + o];
-      dbias[o] += dwt[g.kk_c * K + o];
+    const float* dwt = scratch_.data() + total * K + t * part;
+    if (sparse_part[t]) {  // dW (K, kkC), the parameter's own layout
+      for (std::int64_t i = 0; i < g.kk_c * K; ++i) dw[i] += dwt[i];
+    } else {  // dWt (kkC, K)
+      for (std::int64_t o = 0; o < K; ++o)
+        for (std::int64_t j = 0; j < g.kk_c; ++j) dw[o * g.kk_c + j] += dwt[j * K + o];
     }
+    for (std::int64_t o = 0; o < K; ++o) dbias[o] += dwt[g.kk_c * K + o];
   }
 }
 

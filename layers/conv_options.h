@@ -1,6 +1,6 @@
 // conv_options.h: how the GPU convolutions pick their cuDNN algorithms (train_mnist
-// --conv-algo, --workspace-mb). One process-wide setting, read when a layer first meets an
-// input shape.
+// --conv-algo, --workspace-mb), read when a layer first meets an input shape, and when the
+// CPU backward takes its sparse kernels (read every step). One process-wide setting.
 #pragma once
 #include <cstddef>
 
@@ -10,6 +10,10 @@ struct ConvOptions {
   bool find = true;                          // time the candidates (cudnnFind*) vs take the heuristic's first
   std::size_t workspace_limit = 64u << 20;   // bytes an algorithm may use
   bool fma_math_only = false;                // FP32 tests: no TF32 (CUDNN_FMA_MATH, CUBLAS_PEDANTIC/DEFAULT)
+  // CPU backward: below this fraction of nonzero output-gradient entries, the convolution's
+  // weight and data gradients skip the zeros (conv2d_cpu_kernels.h, "Sparse gradients").
+  // 0: never; above 1: always.
+  double cpu_sparse_below = 0.4;
 };
 ConvOptions& conv_options();
 

@@ -3,6 +3,7 @@
 // switched-off input gradients, buffer reuse and the argument checks.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -12,6 +13,7 @@
 #include <vector>
 
 #include "layers/conv2d.h"
+#include "layers/conv_options.h"
 #include "layers/dense.h"
 #include "layers/flatten.h"
 #include "layers/maxpool2d.h"
@@ -160,12 +162,41 @@ struct ConvCase {
   std::int64_t n, h, w, c, filters, k;
   bool relu;
   bool input_grad = true;  // false: the first layer's case, no dx
+  double dy_zeros = 0;     // fraction of dy's entries set to zero, as ReLU and max-pooling leave it
 };
+
+// Sets conv_options().cpu_sparse_below for one scope: 2 makes the CPU backward take its
+// sparse kernels wherever they apply, 0 never.
+class SparseBelow {
+ public:
+  explicit SparseBelow(double v) : saved_(mf::conv_options().cpu_sparse_below) {
+    mf::conv_options().cpu_sparse_below = v;
+  }
+  ~SparseBelow() { mf::conv_options().cpu_sparse_below = saved_; }
+
+ private:
+  double saved_;
+};
+
+// dy with about `zeros` of its entries zero, and its last output row entirely zero (the row
+// a 2x2 pooling of an odd height drops).
+Tensor sparse_gradient(const Shape& shape, double zeros, mf::Rng& rng) {
+  Tensor dy = uniform(shape, -1, 1, rng);
+  float* p = dy.data<float>();
+  for (std::int64_t i = 0; i < dy.numel(); ++i)
+    if (rng.uniform01() < zeros) p[i] = 0.0f;
+  const std::int64_t row = shape[2] * shape[3];
+  for (std::int64_t n = 0; n < shape[0]; ++n)
+    std::fill(p + ((n + 1) * shape[1] - 1) * row, p + (n + 1) * shape[1] * row, 0.0f);
+  return dy;
+}
 
 void check_conv(const ConvCase& cc, std::uint64_t seed) {
   SCOPED_TRACE("Conv2D N=" + std::to_string(cc.n) + " " + std::to_string(cc.h) + "x" + std::to_string(cc.w) +
                " C=" + std::to_string(cc.c) + " K=" + std::to_string(cc.filters) + " k=" + std::to_string(cc.k) +
                (cc.relu ? " relu" : " linear") + (cc.input_grad ? "" : " no dx") +
+               " dy zeros=" + std::to_string(cc.dy_zeros) +
+               " sparse below=" + std::to_string(mf::conv_options().cpu_sparse_below) +
                " threads=" + std::to_string(mf::num_threads()));
   mf::Rng rng(seed);
   mf::Conv2D conv(cc.c, cc.filters, cc.k, cc.relu ? Activation::kRelu : Activation::kNone, rng);
@@ -185,7 +216,7 @@ void check_conv(const ConvCase& cc, std::uint64_t seed) {
     EXPECT_LT(zeros, y.numel());
   }
 
-  const Tensor dy = uniform(y.shape(), -1, 1, rng);
+  const Tensor dy = cc.dy_zeros > 0 ? sparse_gradient(y.shape(), cc.dy_zeros, rng) : uniform(y.shape(), -1, 1, rng);
   const Tensor dx = conv.backward(dy);
   const auto ref = mf::testing::conv2d_backward_ref(x, w, b, cc.relu, dy);
   if (cc.input_grad) {
@@ -251,6 +282,58 @@ TEST_P(LayerCpu, Conv2dEveryCpuPath) {
   check_conv({3, 6, 7, 64, 32, 3, true}, 21);           // implicit, 32-filter tiles; dgrad run 192 (64-wide)
   check_conv({2, 5, 6, 4, 128, 3, false, false}, 22);   // implicit, 64-filter tiles (kkC = 36), no dx
   check_conv({2, 5, 6, 4, 128, 3, false}, 23);          // ... with dx: Eigen backward (k*C = 12)
+}
+
+// The sparse backward kernels (weight and data gradients from each pixel's nonzero dz
+// entries) against the reference: the model's second layer with a gradient as sparse as
+// training gives it, receptive-field rows of 48 and 96 floats (whole and partial chunks of
+// vectors), a dense gradient forced through them, an all-zero gradient, and a k*C they do
+// not take (40: falls back to the dense kernels). The dense kernels on the same sparse
+// gradients, for comparison.
+TEST_P(LayerCpu, Conv2dSparseGradients) {
+  for (const double below : {2.0, 0.0}) {
+    SparseBelow sparse(below);
+    check_conv({3, 13, 13, 32, 64, 3, true, true, 0.8}, 40);   // the model's conv2d_1
+    check_conv({2, 13, 13, 32, 64, 3, true, false, 0.8}, 41);  // ... without dx
+    check_conv({2, 8, 9, 16, 16, 3, false, true, 0.75}, 42);   // run 48, 16 filters
+    check_conv({2, 6, 7, 64, 32, 3, true, true, 0.9}, 43);     // run 192
+    check_conv({3, 13, 13, 32, 64, 3, true, true, 0.0}, 44);   // dense dy
+    check_conv({2, 7, 7, 16, 32, 3, false, true, 1.0}, 45);    // nothing nonzero
+    check_conv({2, 9, 9, 8, 48, 5, true, true, 0.8}, 46);      // k*C = 40: not sparse
+  }
+}
+
+// The default threshold picks per batch: a gradient as sparse as training's takes the sparse
+// kernels, a dense one the tiles, and both give the same numbers.
+TEST_P(LayerCpu, Conv2dSparseAndDenseKernelsAgree) {
+  Tensor dx[2], dw[2];
+  for (int i = 0; i < 2; ++i) {
+    SparseBelow sparse(i == 0 ? 2.0 : 0.0);
+    mf::Rng rng(47);
+    mf::Conv2D conv(32, 64, 3, Activation::kRelu, rng);
+    const Tensor x = uniform({4, 13, 13, 32}, -1, 1, rng);
+    conv.forward(x);
+    dx[i] = conv.backward(sparse_gradient({4, 11, 11, 64}, 0.8, rng)).clone();
+    dw[i] = conv.weight().grad.clone();
+  }
+  EXPECT_TRUE(agree(dx[0], dx[1]));
+  EXPECT_TRUE(agree(dw[0], dw[1]));
+}
+
+// NaN and inf in a sparse gradient reach the weight and data gradients, as in the dense path.
+TEST_P(LayerCpu, Conv2dSparseGradientKeepsNonFiniteValues) {
+  SparseBelow sparse(2.0);
+  mf::Rng rng(48);
+  mf::Conv2D conv(32, 64, 3, Activation::kNone, rng);
+  conv.forward(uniform({2, 5, 5, 32}, -1, 1, rng));
+  Tensor dy = Tensor::zeros({2, 3, 3, 64});
+  dy.data<float>()[64 * 4 + 5] = std::numeric_limits<float>::quiet_NaN();
+  const Tensor& dx = conv.backward(dy);
+  int nan_dx = 0, nan_dw = 0;
+  for (float v : dx.to_vector()) nan_dx += std::isnan(v);
+  for (float v : conv.weight().grad.to_vector()) nan_dw += std::isnan(v);
+  EXPECT_EQ(nan_dx, 9 * 32);  // the receptive field of one pixel, every channel
+  EXPECT_EQ(nan_dw, 9 * 32);  // filter 5's whole row
 }
 
 // Many images per GEMM block (4x4 outputs: 32 images per 512-row block) and a batch that
