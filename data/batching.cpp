@@ -1,4 +1,4 @@
-// batching.cpp: xoshiro256** shuffles and the pixel-to-float batch gather.
+// batching.cpp: per-epoch shuffles and the pixel-to-float batch gather.
 #include "data/batching.h"
 
 #include <array>
@@ -19,8 +19,6 @@ std::uint64_t mix64(std::uint64_t z) {
   return z ^ (z >> 31);
 }
 
-std::uint64_t rotl(std::uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
-
 // float(p) / 255.0f for every byte: a table lookup is cheaper than a divide per pixel.
 const std::array<float, 256>& pixel_table() {
   static const std::array<float, 256> table = [] {
@@ -32,26 +30,6 @@ const std::array<float, 256>& pixel_table() {
 }
 
 }  // namespace
-
-ShuffleRng::ShuffleRng(std::uint64_t seed) {
-  std::uint64_t x = seed;
-  for (std::uint64_t& s : s_) {
-    x += kGoldenGamma;  // SplitMix64 step
-    s = mix64(x);
-  }
-}
-
-std::uint64_t ShuffleRng::next() {
-  const std::uint64_t result = rotl(s_[1] * 5, 7) * 9;
-  const std::uint64_t t = s_[1] << 17;
-  s_[2] ^= s_[0];
-  s_[3] ^= s_[1];
-  s_[1] ^= s_[2];
-  s_[0] ^= s_[3];
-  s_[2] ^= t;
-  s_[3] = rotl(s_[3], 45);
-  return result;
-}
 
 std::uint64_t ShuffleRng::bounded(std::uint64_t bound) {
   if (bound == 0) throw std::invalid_argument("ShuffleRng::bounded: bound must be >= 1");

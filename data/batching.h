@@ -3,26 +3,27 @@
 // The shuffle must not depend on the standard library: std::shuffle and the std::*_distribution
 // algorithms are implementation-defined, so libstdc++, libc++ and MSVC give different orders.
 // Here the generator (xoshiro256**, seeded through SplitMix64), the unbiased bounded integer and
-// the Fisher-Yates loop are all spelled out, so a (seed, epoch) pair means the same order anywhere.
+// the Fisher-Yates loop are all our own code, so a (seed, epoch) pair means the same order anywhere.
 #pragma once
 #include <cstdint>
 #include <vector>
 
 #include "data/mnist.h"
+#include "tensor/rng.h"
 
 namespace mf::data {
 
-// xoshiro256** 1.0 (Blackman & Vigna), state filled from SplitMix64 as its authors recommend.
+// xoshiro256** (tensor/rng.h, the weights' generator too) with the shuffle's own bounded draw.
 class ShuffleRng {
  public:
-  explicit ShuffleRng(std::uint64_t seed);
-  std::uint64_t next();
+  explicit ShuffleRng(std::uint64_t seed) : rng_(seed) {}
+  std::uint64_t next() { return rng_.next_u64(); }
   // Uniform in [0, bound), bound >= 1, without modulo bias: draws below 2^64 mod bound are
   // rejected, so the accepted range is a whole number of copies of [0, bound).
   std::uint64_t bounded(std::uint64_t bound);
 
  private:
-  std::uint64_t s_[4];
+  Rng rng_;
 };
 
 // The generator for one epoch: seed and epoch are hashed together (SplitMix64 finalizer), so
