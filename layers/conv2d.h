@@ -40,7 +40,7 @@ class Conv2D final : public Layer {
 
  private:
   void forward_direct(const Tensor& x, Tensor& y);  // few inputs per output: no GEMM
-  void backward_direct_9x32(const Tensor& dy);      // 1 channel, 3x3, 32 filters, no dx
+  void backward_direct_3x3x1(const Tensor& dy);     // 3x3 kernel, 1 channel, 32 filters, no dx
   void forward_implicit(const Tensor& x, Tensor& y);  // register-tiled implicit GEMM
   void backward_implicit(const Tensor& dy, Tensor& dx);
   std::int64_t in_channels_, filters_, k_;

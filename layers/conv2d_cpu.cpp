@@ -120,23 +120,61 @@ void direct_image(const ConvGeom& g, const float* img, const float* wt, const fl
     }
 }
 
-// Weight and bias gradients of one run of images for kkC = kInputs, K = kFilters (both
-// fixed: the kInputs x kFilters/16 vector sums stay in registers), ReLU mask applied on the
-// fly: dWt[t][o] += x_t * dz[o], db[o] += dz[o] for every output pixel. Used when no input
-// gradient is needed (the first layer), where the GEMM form's 9-wide output is inefficient.
-template <int kInputs, int kFilters>
+// The model's first layer, with the kernel size kK, channels kC and filters kFilters fixed at
+// compile time: every loop over the k*k*C inputs of a pixel unrolls, each input is one
+// broadcast straight from the image, and the filters are kV vectors.
+//
+// Forward: kPix neighbouring pixels of an output row at a time, so that kPix * kV sums are in
+// flight. One pixel alone would be kV chains of k*k*C FMAs, each FMA waiting ~4 cycles for
+// the one before: a quarter of the core's FMA rate.
+template <int kK, int kC, int kFilters>
+void direct_image_small(const ConvGeom& g, const float* img, const float* wt, const float* bias, bool relu,
+                        float* out) {
+  static_assert(kFilters % cpu::kLanes == 0, "whole vectors of filters");
+  constexpr int kV = kFilters / cpu::kLanes, kInputs = kK * kK * kC, kPix = 4;
+  cpu::Vec w[kInputs][kV], b[kV];
+  for (int v = 0; v < kV; ++v) {
+    b[v] = cpu::load(bias + v * cpu::kLanes);
+    for (int t = 0; t < kInputs; ++t) w[t][v] = cpu::load(wt + t * kFilters + v * cpu::kLanes);
+  }
+  for (std::int64_t oh = 0; oh < g.oh; ++oh)
+    for (std::int64_t ow0 = 0; ow0 < g.ow; ow0 += kPix) {
+      const float* in = img + (oh * g.w + ow0) * kC;  // top-left input of the first pixel
+      float* o = out + (oh * g.ow + ow0) * kFilters;
+      cpu::with_count<kPix>(static_cast<int>(std::min<std::int64_t>(kPix, g.ow - ow0)), [&](auto pix) {
+        constexpr int kP = decltype(pix)::value;
+        cpu::Vec acc[kP][kV];
+        for (int p = 0; p < kP; ++p)
+          for (int v = 0; v < kV; ++v) acc[p][v] = b[v];
+        for (int r = 0; r < kK; ++r)
+          for (int sc = 0; sc < kK * kC; ++sc)  // (s, c) of kernel row r: contiguous in NHWC
+            for (int p = 0; p < kP; ++p) {
+              const cpu::Vec a = cpu::splat(in[r * g.w * kC + p * kC + sc]);
+              for (int v = 0; v < kV; ++v) acc[p][v] += a * w[r * kK * kC + sc][v];
+            }
+        for (int p = 0; p < kP; ++p)
+          for (int v = 0; v < kV; ++v)
+            cpu::store(o + p * kFilters + v * cpu::kLanes, relu ? cpu::relu(acc[p][v]) : acc[p][v]);
+      });
+    }
+}
+
+// Weight and bias gradients of images [n0, n1), ReLU mask applied on the fly:
+// dWt[t][o] += x_t * dz[o], db[o] += dz[o] for every output pixel, the k*k*C x kV sums in
+// registers. Used when no input gradient is needed (the first layer), where the GEMM form's
+// 9-wide output would be inefficient.
+template <int kK, int kC, int kFilters>
 void direct_weight_grad(const ConvGeom& g, const float* x, const float* y, const float* dy, bool relu,
                         std::int64_t n0, std::int64_t n1, float* dwt, float* db) {
   static_assert(kFilters % cpu::kLanes == 0, "whole vectors of filters");
-  constexpr int kV = kFilters / cpu::kLanes;
+  constexpr int kV = kFilters / cpu::kLanes, kInputs = kK * kK * kC;
   cpu::Vec acc[kInputs][kV], bacc[kV];
   for (int v = 0; v < kV; ++v) {
     bacc[v] = cpu::Vec{};
     for (int t = 0; t < kInputs; ++t) acc[t][v] = cpu::Vec{};
   }
-  float in[kMaxDirectInputs];
   for (std::int64_t n = n0; n < n1; ++n) {
-    const float* img = x + n * g.h * g.w * g.c;
+    const float* img = x + n * g.h * g.w * kC;
     for (std::int64_t oh = 0; oh < g.oh; ++oh)
       for (std::int64_t ow = 0; ow < g.ow; ++ow) {
         const std::int64_t p = ((n * g.oh + oh) * g.ow + ow) * kFilters;
@@ -146,42 +184,17 @@ void direct_weight_grad(const ConvGeom& g, const float* x, const float* y, const
           dz[v] = relu ? (cpu::load(y + p + v * cpu::kLanes) > 0.0f ? d : cpu::Vec{}) : d;
           bacc[v] += dz[v];
         }
-        gather_inputs(g, img, oh, ow, in);
-        for (int t = 0; t < kInputs; ++t) {
-          const cpu::Vec a = cpu::splat(in[t]);
-          for (int v = 0; v < kV; ++v) acc[t][v] += a * dz[v];
-        }
+        const float* in = img + (oh * g.w + ow) * kC;
+        for (int r = 0; r < kK; ++r)
+          for (int sc = 0; sc < kK * kC; ++sc) {
+            const cpu::Vec a = cpu::splat(in[r * g.w * kC + sc]);
+            for (int v = 0; v < kV; ++v) acc[r * kK * kC + sc][v] += a * dz[v];
+          }
       }
   }
   for (int t = 0; t < kInputs; ++t)
     for (int v = 0; v < kV; ++v) cpu::store(dwt + t * kFilters + v * cpu::kLanes, acc[t][v]);
   for (int v = 0; v < kV; ++v) cpu::store(db + v * cpu::kLanes, bacc[v]);
-}
-
-// The forward counterpart for fixed kInputs and kFilters: per pixel, kFilters/16 vector
-// accumulators, kInputs broadcasts.
-template <int kInputs, int kFilters>
-void direct_image_fixed(const ConvGeom& g, const float* img, const float* wt, const float* bias, bool relu,
-                        float* out) {
-  static_assert(kFilters % cpu::kLanes == 0, "whole vectors of filters");
-  constexpr int kV = kFilters / cpu::kLanes;
-  cpu::Vec w[kInputs][kV], b[kV];
-  for (int v = 0; v < kV; ++v) {
-    b[v] = cpu::load(bias + v * cpu::kLanes);
-    for (int t = 0; t < kInputs; ++t) w[t][v] = cpu::load(wt + t * kFilters + v * cpu::kLanes);
-  }
-  float in[kMaxDirectInputs];
-  for (std::int64_t oh = 0; oh < g.oh; ++oh)
-    for (std::int64_t ow = 0; ow < g.ow; ++ow, out += kFilters) {
-      gather_inputs(g, img, oh, ow, in);
-      cpu::Vec acc[kV];
-      for (int v = 0; v < kV; ++v) acc[v] = b[v];
-      for (int t = 0; t < kInputs; ++t) {
-        const cpu::Vec a = cpu::splat(in[t]);
-        for (int v = 0; v < kV; ++v) acc[v] += a * w[t][v];
-      }
-      for (int v = 0; v < kV; ++v) cpu::store(out + v * cpu::kLanes, relu ? cpu::relu(acc[v]) : acc[v]);
-    }
 }
 
 }  // namespace
@@ -301,7 +314,7 @@ void Conv2D::forward_direct(const Tensor& x, Tensor& y) {
     for (std::int64_t n = n0; n < n1; ++n) {
       const float* img = xp + n * in_size;
       float* out = yp + n * out_size;
-      if (g.kk_c == 9 && K == 32) direct_image_fixed<9, 32>(g, img, wt, bp, relu, out);  // the model's first layer
+      if (g.k == 3 && g.c == 1 && K == 32) direct_image_small<3, 1, 32>(g, img, wt, bp, relu, out);  // first layer
       else if (K == 32) direct_image<0, 32>(g, img, wt, bp, relu, out);
       else if (K == 64) direct_image<0, 64>(g, img, wt, bp, relu, out);
       else direct_image<0, 0>(g, img, wt, bp, relu, out);
@@ -309,7 +322,7 @@ void Conv2D::forward_direct(const Tensor& x, Tensor& y) {
   });
 }
 
-void Conv2D::backward_direct_9x32(const Tensor& dy) {
+void Conv2D::backward_direct_3x3x1(const Tensor& dy) {
   constexpr int kInputs = 9, kFilters = 32;
   const ConvGeom g = geometry(x_, k_, filters_);
   ThreadPool& pool = cpu_pool();
@@ -323,7 +336,7 @@ void Conv2D::backward_direct_9x32(const Tensor& dy) {
   const bool relu = act_ == Activation::kRelu;
   pool.run_on_all([&](int t) {
     float* dwt = scratch_.data() + t * per_thread;
-    direct_weight_grad<kInputs, kFilters>(g, xp, yp, dyp, relu, g.n * t / threads, g.n * (t + 1) / threads, dwt,
+    direct_weight_grad<3, 1, kFilters>(g, xp, yp, dyp, relu, g.n * t / threads, g.n * (t + 1) / threads, dwt,
                                           dwt + kInputs * kFilters);
   });
   float* dw = weight_.grad.data<float>();
@@ -520,7 +533,7 @@ void Conv2D::forward_cpu(const Tensor& x, Tensor& y) {
 
 void Conv2D::backward_cpu(const Tensor& dy, Tensor& dx) {
   const ConvGeom g = geometry(x_, k_, filters_);
-  if (!dx.defined() && g.kk_c == 9 && g.filters == 32) return backward_direct_9x32(dy);
+  if (!dx.defined() && g.k == 3 && g.c == 1 && g.filters == 32) return backward_direct_3x3x1(dy);
   if (g.filters % cpu::kLanes == 0 && (!dx.defined() || (g.k * g.c) % cpu::kLanes == 0))
     return backward_implicit(dy, dx);
   const std::int64_t ipb = g.images_per_block();

@@ -264,13 +264,13 @@ TEST_P(LayerCpu, Conv2dKernel1) {
   check_conv({3, 5, 6, 4, 6, 1, true}, 11);
 }
 // The CPU convolution has several code paths, chosen by kk*C (inputs per output) and K
-// (filters): a direct loop for kkC <= 32 (specialised for kkC = 9 with K = 32, for K = 32,
-// for K = 64, and general), implicit GEMM tiles for K a multiple of 16 (16, 32 or 64 filters
-// per tile; data-gradient tiles of 16, 32 or 64 inputs, needing k*C a multiple of 16), a
-// first-layer weight gradient for kkC = 9, K = 32 without dx, and an im2col + Eigen GEMM
-// fallback. Each of these is run here at least once.
+// (filters): a direct loop for kkC <= 32 (specialised for a 3x3 kernel on 1 channel with
+// K = 32, for K = 32, for K = 64, and general), implicit GEMM tiles for K a multiple of 16
+// (16, 32 or 64 filters per tile; data-gradient tiles of 16, 32 or 64 inputs, needing k*C a
+// multiple of 16), a first-layer weight gradient (3x3, 1 channel, K = 32) without dx, and an
+// im2col + Eigen GEMM fallback. Each of these is run here at least once.
 TEST_P(LayerCpu, Conv2dEveryCpuPath) {
-  check_conv({5, 28, 28, 1, 32, 3, true, false}, 13);   // the model's first layer: direct 9x32, no dx
+  check_conv({5, 28, 28, 1, 32, 3, true, false}, 13);   // the model's first layer: direct 3x3x1, no dx
   check_conv({3, 12, 11, 1, 32, 3, false, false}, 14);  // the same, linear, odd size
   check_conv({3, 9, 8, 3, 32, 3, true}, 15);            // direct, K = 32, kkC = 27
   check_conv({2, 7, 7, 2, 64, 3, false}, 16);           // direct, K = 64, kkC = 18
