@@ -85,8 +85,16 @@ void set_work_counters(benchmark::State& state, const LayerCase& c, std::int64_t
   state.SetBytesProcessed(static_cast<std::int64_t>(bytes * static_cast<double>(state.iterations())));
 }
 
-void BM_LayerCpu(benchmark::State& state, const LayerCase* c, std::int64_t batch, bool backward, int threads) {
+// dense_grad: the convolution's backward multiplies the zeros of its gradient too
+// (train_mnist --dense-grad), for comparison with the sparse kernels it uses by default.
+void BM_LayerCpu(benchmark::State& state, const LayerCase* c, std::int64_t batch, bool backward, int threads,
+                 bool dense_grad) {
   use_threads(threads);
+  struct RestoreConvOptions {
+    ConvOptions saved = conv_options();
+    ~RestoreConvOptions() { conv_options() = saved; }
+  } restore;
+  if (dense_grad) conv_options().cpu_sparse_below = 0.0;
   Rng rng(1);
   std::unique_ptr<Layer> layer = c->make(rng);
   layer->set_needs_input_grad(c->input_grad);
@@ -203,10 +211,15 @@ void register_all() {
       for (std::int64_t batch : batches) {
         const std::string base =
             "layer/layer:" + c.name + "/dir:" + dir_name(backward) + "/batch:" + std::to_string(batch) + "/dev:";
-        for (const auto& [dev, threads] : cpu_devs)
-          register_guarded(base + dev, BM_LayerCpu, &c, batch, backward, threads)
+        for (const auto& [dev, threads] : cpu_devs) {
+          register_guarded(base + dev, BM_LayerCpu, &c, batch, backward, threads, false)
               ->Unit(benchmark::kMicrosecond)
               ->UseRealTime();
+          if (backward && c.pooled && c.input_grad)  // the sparse backward vs the dense tiles
+            register_guarded(base + dev + "_dense_grad", BM_LayerCpu, &c, batch, backward, threads, true)
+                ->Unit(benchmark::kMicrosecond)
+                ->UseRealTime();
+        }
         for (DType dt : {DType::kF32, DType::kF16})
           register_guarded(base + gpu_dev(dt), BM_LayerGpu, &c, batch, backward, dt, -1)
               ->Unit(benchmark::kMicrosecond)

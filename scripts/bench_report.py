@@ -639,6 +639,19 @@ def report(out_dir, more_dirs=()):
                 cells.append(fmt_time(x.seconds) if x else (gpu_cell("-") if dev.startswith("gpu") else "-"))
             rows.append(cells)
     md.append(table(["layer", "dir", "batch", "CPU 1 thread", "CPU all threads", "GPU FP32", "GPU FP16"], rows))
+    rows = []
+    for b in ("64", "1024"):
+        for dev, label in (("cpu_1t", "1 thread"), ("cpu_mt", "all threads")):
+            sparse = res.find("layer", layer="conv2d_1", dir="bwd", batch=b, dev=dev)
+            dense = res.find("layer", layer="conv2d_1", dir="bwd", batch=b, dev=dev + "_dense_grad")
+            if sparse and dense:
+                rows.append([b, label, fmt_time(dense.seconds), fmt_time(sparse.seconds),
+                             f"{dense.seconds / sparse.seconds:.1f}x"])
+    if rows:
+        md.append("The second convolution's backward gets, as in training, a gradient that has come back "
+                  "through max-pooling and ReLU, mostly zeros. The CPU path skips them (sparse kernels); "
+                  "`--dense-grad` multiplies them like a dense convolution library:\n")
+        md.append(table(["batch", "CPU", "dense tiles", "sparse", "speedup"], rows))
     if cpu_mt:
         cpu_text = f"{fmt_time(cpu_mt.seconds)} (all threads), {fmt_time(secs(cpu_1t))} (1 thread), batch 64"
     else:
