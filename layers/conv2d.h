@@ -31,7 +31,7 @@ class Conv2D final : public Layer {
   Parameter& bias() { return bias_; }
 
  protected:
-  void forward_cpu(const Tensor& x, Tensor& y) override;    // im2col + Eigen GEMM, threads
+  void forward_cpu(const Tensor& x, Tensor& y) override;    // direct, implicit GEMM or im2col + Eigen
   void backward_cpu(const Tensor& dy, Tensor& dx) override;
 #if MF_WITH_CUDA
   void forward_gpu(const Tensor& x, Tensor& y) override;    // cuDNN + fused bias/ReLU kernel

@@ -1,23 +1,24 @@
-// conv2d_cpu.cpp: Conv2D on the CPU as im2col + GEMM (Eigen), the batch split across threads.
-//
-// NHWC makes im2col cheap: for output pixel (n, oh, ow) and kernel row r, the k inputs
-// x[n, oh+r, ow .. ow+k-1, 0 .. C-1] are k*C contiguous floats, so a row of the column
-// matrix is k contiguous copies. With the kernel stored (K, k, k, C) as a K x kkC matrix W:
+// conv2d_cpu.cpp: Conv2D on the CPU, the batch split across threads. Every path computes
+// the same three products. With the kernel stored (K, k, k, C) as a K x kkC matrix W, and
+// "col" the matrix whose row p holds output pixel p's kkC inputs (its receptive field):
 //
 //   forward          Y  (P x K)   = col (P x kkC) * W^T            P = output pixels
 //   weight gradient  dW (K x kkC) += dZ^T (K x P) * col (P x kkC)  dZ = dY masked by ReLU
 //   data gradient    dcol (P x kkC) = dZ (P x K) * W, scattered back (col2im)
 //
-// Each thread takes a contiguous run of images and walks it in blocks of a few images,
-// so that the block's column matrix stays in the core's L2 cache between the GEMMs that
-// use it. Weight and bias gradients are summed per thread, then reduced.
-//
-// A forward convolution with few inputs per output (the first layer: 1 channel x 3x3 = 9)
-// is a GEMM with an inner dimension of 9, which GEMM libraries handle poorly. It takes a
-// direct path instead: per output pixel, y[0..K) = b + sum over the kkC inputs t of
-// x_t * Wt[t][0..K), with W transposed to (kkC, K) so the inner loop runs over contiguous
-// filters and vectorises; for K = 32 and 64 the accumulators stay in registers. Its
-// backward is still GEMMs: there the inner dimension is the pixel count, which is large.
+// Which code computes them, fastest first:
+// - Implicit GEMM (K a multiple of the vector width; the model's second layer): the
+//   register-tiled kernels of conv2d_cpu_kernels.h read the receptive fields straight from
+//   x, which NHWC makes k runs of k*C contiguous floats; col is never built. When most of
+//   dZ is zero, as behind max-pooling, the gradients come from lists of its nonzero
+//   entries instead ("Sparse gradients" there).
+// - Direct (few inputs per output: the first layer, 1 channel x 3x3 = 9): a GEMM with an
+//   inner dimension of 9 is a poor GEMM, so per output pixel y[0..K) = b + sum over the kkC
+//   inputs t of x_t * Wt[t][0..K), W transposed to (kkC, K) so that the filters are
+//   contiguous and vectorise; its weight gradient the same way round, without dx.
+// - im2col + Eigen GEMMs (anything else): each thread walks its images in blocks whose
+//   column matrix stays in the core's L2 cache between the GEMMs that use it.
+// Weight and bias gradients are summed per thread, then reduced.
 #include <algorithm>
 #include <cstring>
 
