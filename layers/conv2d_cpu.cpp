@@ -373,8 +373,9 @@ void Conv2D::backward_implicit(const Tensor& dy, Tensor& dx) {
   const std::int64_t image = g.h * g.w * g.c;  // floats of one input image
   ThreadPool& pool = cpu_pool();
   const int threads = pool.num_threads();
-  // Per thread: dW (in either layout), db, one dz row, and the sparse weight gradient's
-  // per-filter lists for one block of images.
+  // scratch_: dZ for the dense kernels, then per thread dW (in either layout), db and one dz
+  // row. nz_*: dZ's nonzero entries pixel by pixel, then per thread the same entries of one
+  // block of images regrouped by filter, for the sparse weight gradient.
   const std::int64_t block_images = g.images_per_block(), block = block_images * pixels;
   const std::int64_t part = g.kk_c * K + 2 * K;
   if (scratch_.size() < static_cast<std::size_t>(total * K + part * threads))
