@@ -300,6 +300,7 @@ TEST_P(LayerCpu, Conv2dSparseGradients) {
     check_conv({3, 13, 13, 32, 64, 3, true, true, 0.0}, 44);   // dense dy
     check_conv({2, 7, 7, 16, 32, 3, false, true, 1.0}, 45);    // nothing nonzero
     check_conv({2, 9, 9, 8, 48, 5, true, true, 0.8}, 46);      // k*C = 40: not sparse
+    check_conv({1, 13, 13, 32, 64, 3, true, true, 0.8}, 49);   // one image: a thread without any
   }
 }
 
