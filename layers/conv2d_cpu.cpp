@@ -38,6 +38,12 @@ constexpr std::int64_t kMaxDirectInputs = 32;   // kkC up to this takes the dire
 struct ConvGeom {
   std::int64_t n, h, w, c, k, oh, ow, kk_c, filters;
   std::int64_t pixels() const { return oh * ow; }
+  // Where, in a batch of input images, output pixel p's receptive field starts (its top-left
+  // input, channel 0); p counts the output pixels of the whole batch.
+  std::int64_t field(std::int64_t p) const {
+    const std::int64_t q = p % pixels();
+    return ((p / pixels() * h + q / ow) * w + q % ow) * c;
+  }
   std::int64_t images_per_block() const { return std::max<std::int64_t>(1, kTargetBlockRows / pixels()); }
 };
 
@@ -241,14 +247,14 @@ void implicit_wgrad(const ConvGeom& g, const float* x, const float* dzm, std::in
                     float* dwt) {
   constexpr int kRows = cpu::kTileRegs / kVecs;
   constexpr std::int64_t kChunk = 128;
-  const std::int64_t K = g.filters, run = g.k * g.c, pixels = g.oh * g.ow;
+  const std::int64_t K = g.filters, run = g.k * g.c;
   const float* in[kChunk];
   const float* dz[kChunk];
   for (std::int64_t c0 = p0; c0 < p1; c0 += kChunk) {
     const std::int64_t np = std::min(kChunk, p1 - c0);
     for (std::int64_t i = 0; i < np; ++i) {
-      const std::int64_t p = c0 + i, img = p / pixels, q = p % pixels, oh = q / g.ow, ow = q % g.ow;
-      in[i] = x + ((img * g.h + oh) * g.w + ow) * g.c;
+      const std::int64_t p = c0 + i;
+      in[i] = x + g.field(p);
       dz[i] = dzm + p * K;
     }
     for (std::int64_t r = 0; r < g.k; ++r)
@@ -277,9 +283,9 @@ void implicit_dgrad(const ConvGeom& g, const float* dzm, const float* w, std::in
   for (std::int64_t p0 = n0 * pixels; p0 < p_end; p0 += kRows) {
     const int rows = static_cast<int>(std::min<std::int64_t>(kRows, p_end - p0));
     for (int i = 0; i < rows; ++i) {
-      const std::int64_t p = p0 + i, img = p / pixels, q = p % pixels;
+      const std::int64_t p = p0 + i;
       dz[i] = dzm + p * K;
-      field[i] = dx + ((img * g.h + q / g.ow) * g.w + q % g.ow) * g.c;
+      field[i] = dx + g.field(p);
     }
     for (std::int64_t r = 0; r < g.k; ++r)
       for (std::int64_t j0 = 0; j0 < run; j0 += kVecs * cpu::kLanes)
@@ -456,8 +462,7 @@ void Conv2D::backward_implicit(const Tensor& dy, Tensor& dx) {
       const std::int64_t b1 = std::min(n1, b0 + block_images);
       std::fill(count, count + K, 0);
       for (std::int64_t p = b0 * pixels; p < b1 * pixels; ++p) {
-        const std::int64_t q = p - b0 * pixels, img = q / pixels, in_img = q % pixels;
-        const auto field = static_cast<std::int32_t>(img * image + ((in_img / g.ow) * g.w + in_img % g.ow) * g.c);
+        const auto field = static_cast<std::int32_t>(g.field(p - b0 * pixels));  // in the block
         for (std::int64_t i = begin[p]; i < end[p]; ++i) {
           const std::int64_t slot = idx[i] * block + count[idx[i]]++;
           ffield[slot] = field;
@@ -482,9 +487,8 @@ void Conv2D::backward_implicit(const Tensor& dy, Tensor& dx) {
       std::memset(img, 0, static_cast<std::size_t>(image) * sizeof(float));
       for (std::int64_t r = 0; r < g.k; ++r)
         cpu::for_each_chunk(run, [&](std::int64_t j0, auto v) {
-          for (std::int64_t q = 0; q < pixels; ++q) {
-            const std::int64_t p = n * pixels + q;
-            float* field = img + ((q / g.ow + r) * g.w + q % g.ow) * g.c + j0;
+          for (std::int64_t p = n * pixels; p < (n + 1) * pixels; ++p) {
+            float* field = dxp + g.field(p) + r * g.w * g.c + j0;
             cpu::sparse_rows_sum<decltype(v)::value>(w + r * run + j0, g.kk_c, idx + begin[p], val + begin[p],
                                                      end[p] - begin[p], field);
           }

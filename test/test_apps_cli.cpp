@@ -59,6 +59,12 @@ void expect_one_line_error(const std::string& args, const std::string& expect) {
   EXPECT_NE(r.err.find(expect), std::string::npos) << "stderr: " << r.err;
 }
 
+// The number after `"key": ` in a metrics JSON (the first occurrence), or NaN.
+double json_number(const std::string& json, const std::string& key) {
+  const std::size_t at = json.find("\"" + key + "\": ");
+  return at == std::string::npos ? std::nan("") : std::strtod(json.c_str() + at + key.size() + 4, nullptr);
+}
+
 std::string mnist_dir() {
   const char* d = std::getenv("MF_MNIST_DIR");
   return d && *d ? d : apps::default_data_dir();
@@ -161,13 +167,6 @@ TEST(TrainMnistCli, ShortRunWritesMetricsPlotCheckpointAndResumes) {
 #endif
 }
 
-namespace {
-// The number after `"key": ` in a metrics JSON (the first occurrence), or NaN.
-double json_number(const std::string& json, const std::string& key) {
-  const std::size_t at = json.find("\"" + key + "\": ");
-  return at == std::string::npos ? std::nan("") : std::strtod(json.c_str() + at + key.size() + 4, nullptr);
-}
-}  // namespace
 
 // --dense-grad multiplies the zeros of the convolution's output gradient instead of skipping
 // them: the same sums in another order, so the same training up to float rounding.
