@@ -34,6 +34,10 @@ namespace {
 
 constexpr std::int64_t kTargetBlockRows = 512;  // output pixels per GEMM block
 constexpr std::int64_t kMaxDirectInputs = 32;   // kkC up to this takes the direct path
+// The sparse weight gradient reads receptive-field rows of a block of input images in no
+// particular order: blocks of images whose inputs fit in a core's L1 data cache (48 KB on
+// the cores measured; 2 MNIST feature maps of 13x13x32 floats) keep those reads out of L2.
+constexpr std::int64_t kL1Bytes = 48 * 1024;
 
 struct ConvGeom {
   std::int64_t n, h, w, c, k, oh, ow, kk_c, filters;
@@ -45,6 +49,9 @@ struct ConvGeom {
     return ((p / pixels() * h + q / ow) * w + q % ow) * c;
   }
   std::int64_t images_per_block() const { return std::max<std::int64_t>(1, kTargetBlockRows / pixels()); }
+  std::int64_t images_per_l1() const {
+    return std::max<std::int64_t>(1, kL1Bytes / (h * w * c * static_cast<std::int64_t>(sizeof(float))));
+  }
 };
 
 ConvGeom geometry(const Tensor& x, std::int64_t k, std::int64_t filters) {
@@ -382,7 +389,7 @@ void Conv2D::backward_implicit(const Tensor& dy, Tensor& dx) {
   // scratch_: dZ for the dense kernels, then per thread dW (in either layout), db and one dz
   // row. nz_*: dZ's nonzero entries pixel by pixel, then per thread the same entries of one
   // block of images regrouped by filter, for the sparse weight gradient.
-  const std::int64_t block_images = g.images_per_block(), block = block_images * pixels;
+  const std::int64_t block_images = g.images_per_l1(), block = block_images * pixels;
   const std::int64_t part = g.kk_c * K + 2 * K;
   if (scratch_.size() < static_cast<std::size_t>(total * K + part * threads))
     scratch_.resize(static_cast<std::size_t>(total * K + part * threads));
