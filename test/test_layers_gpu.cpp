@@ -160,20 +160,28 @@ void check_conv(const ConvCase& cc, DType dtype, std::uint64_t seed) {
 
   conv.to(Device::kGpu);
   if (half) conv.set_compute_dtype(DType::kF16);
+  // One input channel is the model's first layer, which never computes dx; in FP16 it is
+  // tested as the model uses it (cuDNN need not offer an FP16 NHWC data-gradient algorithm
+  // for one channel). The FP32 cases check that pass for one channel too.
+  const bool with_dx = !(half && cc.c == 1);
+  if (!with_dx) conv.set_needs_input_grad(false);
   const Tensor xg = to_gpu(x, dtype), dyg = to_gpu(dy, dtype);
   const Tensor y = to_host(conv.forward(xg));
   EXPECT_EQ(y.dtype(), dtype);
   EXPECT_TRUE(all_close(y, ref.y, tol.out));
-  const Tensor dx = to_host(conv.backward(dyg));
-  EXPECT_TRUE(all_close(dx, ref.dx, tol.dx));
+  const auto check_dx = [&](const Tensor& dx) {
+    if (with_dx) EXPECT_TRUE(all_close(to_host(dx), ref.dx, tol.dx));
+    else EXPECT_FALSE(dx.defined());
+  };
+  check_dx(conv.backward(dyg));
   expect_grads(conv.weight(), conv.bias(), ref, tol, 1.0, "after one backward");
   // A second backward of the same forward: dx is overwritten, the gradients accumulate.
-  EXPECT_TRUE(all_close(to_host(conv.backward(dyg)), ref.dx, tol.dx));
+  check_dx(conv.backward(dyg));
   expect_grads(conv.weight(), conv.bias(), ref, tol, 2.0, "after two backwards (accumulated)");
   const std::string config = conv.gpu_config();
   EXPECT_NE(config.find("fwd"), std::string::npos) << config;
   EXPECT_NE(config.find("bwd-filter"), std::string::npos) << config;
-  EXPECT_NE(config.find("bwd-data"), std::string::npos) << config;
+  EXPECT_EQ(config.find("bwd-data") != std::string::npos, with_dx) << config;
   EXPECT_NE(config.find(mf::dtype_name(dtype)), std::string::npos) << config;
 }
 
