@@ -19,10 +19,6 @@ namespace {
 
 using namespace gpu;
 
-constexpr int kBlock = 256;
-constexpr std::int64_t kMaxBlocks = 4096;  // grid-stride loops cover the rest
-
-
 // p / 255 rounded once to the nearest float (IEEE division: nvcc's default -prec-div=true,
 // made explicit), so every value equals the host's float(p) / 255.0f and Keras's
 // x.astype("float32") / 255: 255 -> 1.0f exactly. f16 storage rounds that float to half.
@@ -73,7 +69,7 @@ void gather(const std::uint8_t* images, const std::uint8_t* labels, const std::i
   // Four pixels at a time needs whole groups per sample and aligned rows on both sides.
   const bool vec = sample % 4 == 0 && aligned(images, 4) && aligned(x, 4 * sizeof(T));
   const std::int64_t work = std::max(vec ? batch * sample / 4 : batch * sample, batch);
-  const int blocks = static_cast<int>(std::clamp<std::int64_t>((work + kBlock - 1) / kBlock, 1, kMaxBlocks));
+  const int blocks = blocks_for(work);
   if (vec)
     gather_batch_kernel<T, 4><<<blocks, kBlock, 0, stream>>>(images, labels, perm, offset, batch, sample,
                                                              static_cast<T*>(x), labels_out);

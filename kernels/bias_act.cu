@@ -19,10 +19,7 @@ namespace {
 
 using namespace gpu;
 
-constexpr int kBlock = 256;
-constexpr std::int64_t kMaxBlocks = 4096;  // grid-stride loops cover the rest
 constexpr int kWarp = 32;
-
 
 // Streaming multiprocessors of the current device (132 on an H200), asked once: the
 // backward reduction sizes its grid by it.
@@ -35,8 +32,6 @@ int sm_count() {
   }();
   return count;
 }
-
-
 
 // ---- forward ----
 // y is seen as n / N vectors of N consecutive elements; N divides C, so a vector never
@@ -64,7 +59,7 @@ __global__ void bias_act_forward_kernel(T* y, const T* __restrict__ bias, std::i
 template <class T, int N>
 void bias_act_forward(T* y, const T* bias, std::int64_t n, std::int64_t channels, bool relu, cudaStream_t stream) {
   const std::int64_t n_vec = n / N;
-  const int blocks = static_cast<int>(std::clamp<std::int64_t>((n_vec + kBlock - 1) / kBlock, 1, kMaxBlocks));
+  const int blocks = blocks_for(n_vec);
   bias_act_forward_kernel<T, N><<<blocks, kBlock, 0, stream>>>(y, bias, n_vec, channels, relu);
   MF_CHECK_LAUNCH();
 }

@@ -21,16 +21,6 @@ namespace {
 
 using namespace gpu;
 
-constexpr int kBlock = 256;
-// A grid-stride loop lets a capped grid cover any n; 4096 blocks of 256 threads is ~8
-// resident blocks on each of the H200's 132 SMs, four times over.
-constexpr std::int64_t kMaxBlocks = 4096;
-
-int blocks_for(std::int64_t work) {
-  return static_cast<int>(std::clamp<std::int64_t>((work + kBlock - 1) / kBlock, 1, kMaxBlocks));
-}
-
-
 // float -> half, bit for bit what the host's float_to_half gives: the hardware conversion
 // rounds to nearest even, overflows to inf at 65520 and keeps half subnormals (nvcc
 // flushes nothing without --use_fast_math); only NaN differs, since the hardware returns

@@ -1,13 +1,24 @@
-// kernel_util.cuh: small pieces the custom kernels share: alignment checks, f32/f16
-// conversions, and vector memory accesses.
+// kernel_util.cuh: small pieces the custom kernels share: the element-wise launch shape,
+// alignment checks, f32/f16 conversions, and vector memory accesses.
 #pragma once
 #include <cuda_fp16.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
 
 namespace mf::gpu {
+
+// Launch shape of the element-wise kernels. They loop grid-stride, so a capped grid covers
+// any n; 4096 blocks of 256 threads is ~8 resident blocks on each of the H200's 132 SMs,
+// four times over.
+constexpr int kBlock = 256;
+constexpr std::int64_t kMaxBlocks = 4096;
+// Blocks for `work` threads' worth of items: at least 1, at most kMaxBlocks.
+inline int blocks_for(std::int64_t work) {
+  return static_cast<int>(std::clamp<std::int64_t>((work + kBlock - 1) / kBlock, 1, kMaxBlocks));
+}
 
 // True when p is a multiple of `bytes`: the vectorised paths need it, the launchers check.
 inline bool aligned(const void* p, std::size_t bytes) { return reinterpret_cast<std::uintptr_t>(p) % bytes == 0; }

@@ -21,12 +21,6 @@ namespace {
 
 using namespace gpu;
 
-constexpr int kBlock = 256;
-constexpr std::int64_t kMaxBlocks = 4096;  // grid-stride loops cover the rest
-
-
-
-
 // Where output vector i sits: i runs over (n, oi, oj, channel vector cv), cv fastest.
 struct PoolIndex {
   std::int64_t n, oi, oj, cv;
@@ -108,10 +102,6 @@ __global__ void maxpool2x2_backward_kernel(const T* __restrict__ dy, const std::
     }
     if (last_col && last_row) store_vec<T, N>(d00 + 2 * w * c + 2 * c, zero);  // pixel (h-1, w-1)
   }
-}
-
-int blocks_for(std::int64_t work) {
-  return static_cast<int>(std::clamp<std::int64_t>((work + kBlock - 1) / kBlock, 1, kMaxBlocks));
 }
 
 template <class T, int N>

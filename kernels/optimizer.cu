@@ -27,14 +27,6 @@ namespace {
 
 using namespace gpu;
 
-constexpr int kBlock = 256;
-constexpr std::int64_t kMaxBlocks = 4096;  // grid-stride loops cover the rest
-
-
-int blocks_for(std::int64_t work) {
-  return static_cast<int>(std::clamp<std::int64_t>((work + kBlock - 1) / kBlock, 1, kMaxBlocks));
-}
-
 struct AdamHyper {
   float lr, beta1, beta2, eps;
 };

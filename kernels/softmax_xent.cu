@@ -23,9 +23,8 @@ namespace {
 using namespace gpu;
 
 constexpr int kWarp = 32;
-constexpr int kBlock = 128;  // 4 warps, 4 rows at a time
-constexpr std::int64_t kMaxBlocks = 1024;
-
+constexpr int kRowBlock = 128;  // 4 warps, 4 rows at a time
+constexpr std::int64_t kMaxRowBlocks = 1024;
 
 __device__ __forceinline__ float warp_sum(float v) {
   for (int offset = kWarp / 2; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
@@ -88,7 +87,7 @@ __global__ void softmax_xent_kernel(const T* __restrict__ logits, const std::int
     }
   }
 
-  __shared__ float block_loss[kBlock / kWarp], block_correct[kBlock / kWarp];
+  __shared__ float block_loss[kRowBlock / kWarp], block_correct[kRowBlock / kWarp];
   if (lane == 0) block_loss[warp] = loss, block_correct[warp] = correct;
   __syncthreads();
   if (threadIdx.x == 0) {
@@ -105,14 +104,14 @@ __global__ void softmax_xent_kernel(const T* __restrict__ logits, const std::int
 void launch_softmax_xent(const void* logits, bool half, const std::int32_t* labels, std::int64_t n, std::int64_t k,
                          void* dlogits, float grad_scale, const float* scale, float* stats, GpuStream stream) {
   if (n <= 0 || k <= 0) return;
-  const int rows_per_block = kBlock / kWarp;
+  const int rows_per_block = kRowBlock / kWarp;
   const int blocks =
-      static_cast<int>(std::clamp<std::int64_t>((n + rows_per_block - 1) / rows_per_block, 1, kMaxBlocks));
+      static_cast<int>(std::clamp<std::int64_t>((n + rows_per_block - 1) / rows_per_block, 1, kMaxRowBlocks));
   if (half)
-    softmax_xent_kernel<__half><<<blocks, kBlock, 0, stream>>>(static_cast<const __half*>(logits), labels, n, k,
+    softmax_xent_kernel<__half><<<blocks, kRowBlock, 0, stream>>>(static_cast<const __half*>(logits), labels, n, k,
                                                                static_cast<__half*>(dlogits), grad_scale, scale, stats);
   else
-    softmax_xent_kernel<float><<<blocks, kBlock, 0, stream>>>(static_cast<const float*>(logits), labels, n, k,
+    softmax_xent_kernel<float><<<blocks, kRowBlock, 0, stream>>>(static_cast<const float*>(logits), labels, n, k,
                                                               static_cast<float*>(dlogits), grad_scale, scale, stats);
   MF_CHECK_LAUNCH();
 }
