@@ -10,15 +10,6 @@
 namespace mf::data {
 namespace {
 
-constexpr std::uint64_t kGoldenGamma = 0x9e3779b97f4a7c15ull;  // 2^64 / golden ratio, odd
-
-// SplitMix64's output function (Steele, Lea & Flood): a bijective 64-bit mixer.
-std::uint64_t mix64(std::uint64_t z) {
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
-
 // float(p) / 255.0f for every byte: a table lookup is cheaper than a divide per pixel.
 const std::array<float, 256>& pixel_table() {
   static const std::array<float, 256> table = [] {
@@ -43,7 +34,7 @@ std::uint64_t ShuffleRng::bounded(std::uint64_t bound) {
 
 ShuffleRng epoch_rng(std::uint64_t seed, int epoch) {
   const std::uint64_t e = static_cast<std::uint64_t>(static_cast<std::int64_t>(epoch));
-  return ShuffleRng(mix64(mix64(seed) ^ (e + kGoldenGamma)));
+  return ShuffleRng(Rng::mix64(Rng::mix64(seed) ^ (e + Rng::kGoldenGamma)));
 }
 
 std::vector<std::int32_t> epoch_permutation(std::int64_t n, std::uint64_t seed, int epoch) {

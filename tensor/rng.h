@@ -39,13 +39,17 @@ class Rng {
     return static_cast<std::uint64_t>(m >> 64);
   }
 
- private:
-  static std::uint64_t splitmix64(std::uint64_t& x) {
-    std::uint64_t z = (x += 0x9e3779b97f4a7c15ULL);
+  // SplitMix64 (Steele, Lea & Flood): its step and its output function, a bijective
+  // 64-bit mixer (the shuffles hash a seed and an epoch with it too).
+  static constexpr std::uint64_t kGoldenGamma = 0x9e3779b97f4a7c15ULL;  // 2^64 / golden ratio, odd
+  static std::uint64_t mix64(std::uint64_t z) {
     z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
     z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
     return z ^ (z >> 31);
   }
+
+ private:
+  static std::uint64_t splitmix64(std::uint64_t& x) { return mix64(x += kGoldenGamma); }
   static std::uint64_t rotl(std::uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
   std::uint64_t s_[4];
 };
