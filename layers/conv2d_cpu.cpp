@@ -225,8 +225,8 @@ template <int kVecs>
 void implicit_conv(std::int64_t n, std::int64_t h, std::int64_t w, std::int64_t c, std::int64_t k, const float* x,
                    const float* wt, std::int64_t K, const float* bias, bool relu, float* y) {
   constexpr int kRows = cpu::kTileRegs / kVecs;
-  const std::int64_t oh = h - k + 1, ow = w - k + 1, pixels = oh * ow, total = n * pixels;
-  const std::int64_t tiles = (total + kRows - 1) / kRows;
+  const ConvGeom g{n, h, w, c, k, h - k + 1, w - k + 1, k * k * c, K};
+  const std::int64_t total = n * g.pixels(), tiles = (total + kRows - 1) / kRows;
   cpu_pool().parallel_for(tiles, [&](std::int64_t t0, std::int64_t t1, int) {
     const float* in[kRows];
     float* out[kRows];
@@ -234,9 +234,8 @@ void implicit_conv(std::int64_t n, std::int64_t h, std::int64_t w, std::int64_t 
       const std::int64_t p0 = t * kRows;
       const int rows = static_cast<int>(std::min<std::int64_t>(kRows, total - p0));
       for (int i = 0; i < rows; ++i) {
-        const std::int64_t p = p0 + i, img = p / pixels, q = p % pixels;
-        in[i] = x + ((img * h + q / ow) * w + q % ow) * c;
-        out[i] = y + p * K;
+        in[i] = x + g.field(p0 + i);
+        out[i] = y + (p0 + i) * K;
       }
       for (std::int64_t o0 = 0; o0 < K; o0 += kVecs * cpu::kLanes)
         cpu::with_rows<kVecs>(rows, [&](auto r) {
