@@ -167,7 +167,6 @@ TEST(TrainMnistCli, ShortRunWritesMetricsPlotCheckpointAndResumes) {
 #endif
 }
 
-
 // --dense-grad multiplies the zeros of the convolution's output gradient instead of skipping
 // them: the same sums in another order, so the same training up to float rounding.
 TEST(TrainMnistCli, DenseGradientsTrainLikeSparseOnes) {

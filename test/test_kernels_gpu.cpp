@@ -20,6 +20,8 @@
 namespace mf {
 namespace {
 
+using testing::bits_of_float;
+using testing::float_from_bits;
 using testing::Tol;
 
 // A single IEEE operation (one add, one division, one conversion) gives the same bits on
@@ -51,7 +53,6 @@ template <class T>
 T* ptr(const Tensor& t) {
   return static_cast<T*>(t.raw());
 }
-
 
 std::vector<float> uniform_vec(std::size_t n, float lo, float hi, Rng& rng) {
   std::vector<float> v(n);
@@ -88,8 +89,8 @@ std::vector<float> download_as(const Tensor& d, std::size_t count, bool half) {
 std::vector<float> cast_inputs(Rng& rng) {
   const float inf = std::numeric_limits<float>::infinity();
   std::vector<float> v = {0.0f, -0.0f, 1.0f, -1.0f, 65504.0f, 65519.99f, 65520.0f, -65520.0f, 1e5f, -1e30f, inf, -inf,
-                          mf::testing::float_from_bits(0x7fc00000u), mf::testing::float_from_bits(0xffc00000u), mf::testing::float_from_bits(0x7f800001u),
-                          mf::testing::float_from_bits(0xffc12345u), 0x1p-14f, -0x1p-14f, 0x1p-24f, 0x1p-25f, 0x1.8p-25f, 0x1.8p-24f,
+                          float_from_bits(0x7fc00000u), float_from_bits(0xffc00000u), float_from_bits(0x7f800001u),
+                          float_from_bits(0xffc12345u), 0x1p-14f, -0x1p-14f, 0x1p-24f, 0x1p-25f, 0x1.8p-25f, 0x1.8p-24f,
                           0x1p-26f, 0x1.ff8p-15f, 1e-40f, -1e-40f, 1.0f + 0x1p-11f, 1.0f + 0x3p-11f, 2049.0f, 4097.0f,
                           0.1f, 1.0f / 3.0f, 3.14159265f};
   for (int i = 0; i < 2001; ++i) {
@@ -116,7 +117,7 @@ TEST(KernelsGpu, CastF32ToF16MatchesFloatToHalfBitForBit) {
       for (std::size_t i = first; i < first + n; ++i) {
         const std::uint16_t want = float_to_half(x[i]).bits;
         if (y[i].bits != want && ++bad <= 5)
-          ADD_FAILURE() << "n=" << n << " [" << i << "] x=" << x[i] << " (0x" << std::hex << mf::testing::bits_of_float(x[i])
+          ADD_FAILURE() << "n=" << n << " [" << i << "] x=" << x[i] << " (0x" << std::hex << bits_of_float(x[i])
                         << "): got 0x" << y[i].bits << ", want 0x" << want << std::dec;
       }
       EXPECT_EQ(bad, 0) << "n=" << n << " first=" << first;
@@ -136,9 +137,9 @@ TEST(KernelsGpu, CastF16ToF32MatchesHalfToFloatForAllBitPatterns) {
     const std::vector<float> y = download<float>(yd, x.size());
     int bad = 0;
     for (std::size_t i = first; i < x.size(); ++i) {  // bits: NaN payloads and signed zeros count
-      const std::uint32_t want = mf::testing::bits_of_float(half_to_float(x[i]));
-      if (mf::testing::bits_of_float(y[i]) != want && ++bad <= 5)
-        ADD_FAILURE() << "half 0x" << std::hex << x[i].bits << ": got 0x" << mf::testing::bits_of_float(y[i]) << ", want 0x" << want
+      const std::uint32_t want = bits_of_float(half_to_float(x[i]));
+      if (bits_of_float(y[i]) != want && ++bad <= 5)
+        ADD_FAILURE() << "half 0x" << std::hex << x[i].bits << ": got 0x" << bits_of_float(y[i]) << ", want 0x" << want
                       << std::dec;
     }
     EXPECT_EQ(bad, 0) << "first=" << first;

@@ -167,15 +167,9 @@ struct ConvCase {
 
 // Sets conv_options().cpu_sparse_below for one scope: 2 makes the CPU backward take its
 // sparse kernels wherever they apply, 0 never.
-class SparseBelow {
+class SparseBelow : mf::testing::ConvOptionsScope {
  public:
-  explicit SparseBelow(double v) : saved_(mf::conv_options().cpu_sparse_below) {
-    mf::conv_options().cpu_sparse_below = v;
-  }
-  ~SparseBelow() { mf::conv_options().cpu_sparse_below = saved_; }
-
- private:
-  double saved_;
+  explicit SparseBelow(double v) { mf::conv_options().cpu_sparse_below = v; }
 };
 
 // dy with about `zeros` of its entries zero, and its last output row entirely zero (the row

@@ -58,18 +58,12 @@ constexpr float kFp32Kink = 1e-4f, kFp16Kink = 0.02f;
 
 // Conv tests run with FMA-only math (cuDNN would otherwise be free to use TF32 for FP32) and
 // cuDNN's timing search, the production setting; the previous options are restored.
-class ConvOptionsGuard {
+class ConvOptionsGuard : mf::testing::ConvOptionsScope {
  public:
-  explicit ConvOptionsGuard(bool find = true) : saved_(mf::conv_options()) {
+  explicit ConvOptionsGuard(bool find = true) {
     mf::conv_options().fma_math_only = true;
     mf::conv_options().find = find;
   }
-  ~ConvOptionsGuard() { mf::conv_options() = saved_; }
-  ConvOptionsGuard(const ConvOptionsGuard&) = delete;
-  ConvOptionsGuard& operator=(const ConvOptionsGuard&) = delete;
-
- private:
-  mf::ConvOptions saved_;
 };
 
 // Device results to the host. The layers enqueue on the compute stream, which does not

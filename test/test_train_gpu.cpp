@@ -51,18 +51,12 @@ constexpr Tol kSameStepsFp16{1e-4, 1e-3};
 // Keeps the convolution settings a test needs and restores the previous ones. Models that
 // are compared choose cuDNN algorithms by the heuristics (deterministic for a shape; timing
 // could pick different algorithms for two models) with FMA-only FP32 math.
-class ConvOptionsGuard {
+class ConvOptionsGuard : mf::testing::ConvOptionsScope {
  public:
-  ConvOptionsGuard(bool find, bool fma_only) : saved_(mf::conv_options()) {
+  ConvOptionsGuard(bool find, bool fma_only) {
     mf::conv_options().find = find;
     mf::conv_options().fma_math_only = fma_only;
   }
-  ~ConvOptionsGuard() { mf::conv_options() = saved_; }
-  ConvOptionsGuard(const ConvOptionsGuard&) = delete;
-  ConvOptionsGuard& operator=(const ConvOptionsGuard&) = delete;
-
- private:
-  mf::ConvOptions saved_;
 };
 
 class MemoryLimitGuard {

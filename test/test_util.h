@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "kernels/gpu_runtime.h"
+#include "layers/conv_options.h"
 #include "tensor/rng.h"
 #include "tensor/tensor.h"
 
@@ -26,6 +27,19 @@ inline void PrintTo(const Shape& s, std::ostream* os) { *os << s.str(); }
 }  // namespace mf
 
 namespace mf::testing {
+
+// Puts mf::conv_options() (one process-wide setting) back as it was when the scope ends; the
+// test sets its fields meanwhile.
+class ConvOptionsScope {
+ public:
+  ConvOptionsScope() : saved_(conv_options()) {}
+  ~ConvOptionsScope() { conv_options() = saved_; }
+  ConvOptionsScope(const ConvOptionsScope&) = delete;
+  ConvOptionsScope& operator=(const ConvOptionsScope&) = delete;
+
+ private:
+  ConvOptions saved_;
+};
 
 // A fresh folder under the system's temp folder, named after the running test (plus `tag`)
 // and this process, removed with everything in it when the object goes.
