@@ -30,6 +30,8 @@ using mf::DType;
 using mf::Half;
 using mf::Shape;
 using mf::Tensor;
+using mf::testing::bits_of_float;
+using mf::testing::float_from_bits;
 
 Half half_of(std::uint16_t bits) {
   Half h;
@@ -335,11 +337,11 @@ TEST(Half, KnownValues) {
   const std::uint16_t hn = h(std::numeric_limits<float>::quiet_NaN());
   EXPECT_TRUE(is_half_nan(hn)) << std::hex << hn;
   EXPECT_TRUE(is_half_nan(h(-std::numeric_limits<float>::quiet_NaN())));
-  EXPECT_TRUE(is_half_nan(h(mf::testing::float_from_bits(0x7f800001u)))) << "a signalling NaN with only a low payload bit";
+  EXPECT_TRUE(is_half_nan(h(float_from_bits(0x7f800001u)))) << "a signalling NaN with only a low payload bit";
   EXPECT_TRUE(std::isnan(mf::half_to_float(half_of(0x7e00))));
   EXPECT_TRUE(std::isnan(mf::round_to_half(std::numeric_limits<float>::quiet_NaN())));
   // the float bit pattern of a known half: 0x3555 -> 0x3eaaa000
-  EXPECT_EQ(mf::testing::bits_of_float(mf::half_to_float(half_of(0x3555))), 0x3eaaa000u);
+  EXPECT_EQ(bits_of_float(mf::half_to_float(half_of(0x3555))), 0x3eaaa000u);
 }
 
 TEST(Tensor, ConvertsF32ToF16AndBack) {
@@ -353,7 +355,7 @@ TEST(Tensor, ConvertsF32ToF16AndBack) {
   const Tensor back = h.to(DType::kF32);
   const std::vector<float> bv = back.to_vector();
   for (std::size_t i = 0; i < v.size(); ++i) {
-    EXPECT_EQ(mf::testing::bits_of_float(bv[i]), mf::testing::bits_of_float(mf::round_to_half(v[i]))) << i;  // -0 keeps its sign
+    EXPECT_EQ(bits_of_float(bv[i]), bits_of_float(mf::round_to_half(v[i]))) << i;  // -0 keeps its sign
   }
   EXPECT_EQ(bv[0], 0.333251953125f);
   EXPECT_EQ(bv[1], 65504.0f);
