@@ -47,9 +47,10 @@ void* DeviceAllocator::allocate(std::size_t bytes) {
     throw OutOfMemoryError("GPU memory limit reached: need " + format_bytes(size) + " more, " +
                                format_bytes(in_use_) + " in use, limit " + format_bytes(limit_),
                            size, in_use_, limit_);
-  // Reuse the smallest cached block that fits, unless it would waste more than half.
+  // Reuse the smallest cached block that fits, unless it would waste more than half or
+  // (being larger than asked) take the bytes handed out past the limit.
   auto it = free_.lower_bound(size);
-  if (it != free_.end() && it->first <= 2 * size) {
+  if (it != free_.end() && it->first <= 2 * size && (limit_ == 0 || in_use_ + it->first <= limit_)) {
     void* p = it->second;
     const std::size_t got = it->first;
     free_.erase(it);
@@ -68,6 +69,12 @@ void* DeviceAllocator::allocate(std::size_t bytes) {
     }
     free_.clear();
     e = cudaMalloc(&p, size);
+  }
+  if (e != cudaSuccess && e != cudaErrorMemoryAllocation) {
+    // Not a lack of memory: an earlier kernel fault, a call forbidden during graph
+    // capture, a lost device. Reported as what it is.
+    cudaGetLastError();
+    throw GpuError(cudaGetErrorString(e), "cudaMalloc(" + format_bytes(size) + ")", "device_allocator.cpp");
   }
   if (e != cudaSuccess) {
     cudaGetLastError();

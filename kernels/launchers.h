@@ -25,6 +25,7 @@ void launch_bias_act_forward(void* y, const void* bias, bool half, std::int64_t 
                              GpuStream stream);
 // dz = relu ? dy * (y > 0) : dy, written to dz (may alias dy); db[c] += sum of dz over
 // all rows (db is f32 when !half, f16 when half, summed in f32). y unused when !relu.
+// Half launches share one device-wide scratch: never run two at once on two streams.
 void launch_bias_act_backward(const void* y, const void* dy, void* dz, void* db, bool half, std::int64_t rows,
                               std::int64_t channels, bool relu, GpuStream stream);
 
@@ -40,12 +41,12 @@ void launch_maxpool2x2_backward(const void* dy, const std::uint8_t* argmax, void
 // logits: (N, K), f32 or f16. Adds [loss sum, correct count, N] into stats[0..2] (f32).
 // If dlogits is not null writes (softmax - onehot) * grad_scale * (scale ? *scale : 1),
 // in the logits' dtype. grad_scale is 1/N for the mean loss; scale is the dynamic loss
-// scale living on the device.
+// scale living on the device. dlogits must not alias logits.
 void launch_softmax_xent(const void* logits, bool half, const std::int32_t* labels, std::int64_t n, std::int64_t k,
                          void* dlogits, float grad_scale, const float* scale, float* stats, GpuStream stream);
 
 // ---- batch gather from the dataset kept on the device ----
-// x[b, p] = images[perm[offset + b] * sample + p] * (1/255), f32 or f16;
+// x[b, p] = images[perm[offset + b] * sample + p] / 255, f32 or f16;
 // labels_out[b] = labels[perm[offset + b]]. `offset` is read from device memory (a
 // cursor that the step graph advances), so a captured graph needs no host argument.
 void launch_gather_batch(const std::uint8_t* images, const std::uint8_t* labels, const std::int32_t* perm,

@@ -155,39 +155,42 @@ std::pair<void*, std::size_t> search_workspace(GpuContext& ctx) {
   }
 }
 
-// Picks from cuDNN's candidate list (sorted fastest first, by timing or by the heuristics'
-// estimate) the first that succeeded, fits the workspace limit and, when FP32 must stay
-// FMA-only, was measured with FMA math. If no candidate reports FMA math, the first one
-// that fits is taken and forced to FMA (the call then fails loudly if it cannot run so).
-template <class Perf>
-const Perf* pick(const std::vector<Perf>& perf, int count, bool fma_only) {
+// Chooses from cuDNN's candidate list (sorted fastest first, by timing or by the
+// heuristics' estimate) the first that succeeded, fits the workspace limit and, when FP32
+// must stay FMA-only, was measured with FMA math. If no candidate reports FMA math, the
+// candidates are tried again forced to FMA. Each is set on the descriptor `conv` with the
+// math it will run in and asked its workspace size (`workspace_size(algo, &bytes)`): a
+// combination cuDNN cannot run fails there and the next candidate is tried. Returns
+// false when none is left.
+template <class Perf, class Choice, class SizeFn>
+bool choose(const std::vector<Perf>& perf, int count, bool fma_only, cudnnConvolutionDescriptor_t conv,
+            SizeFn workspace_size, Choice& choice, GpuContext& ctx) {
   const std::size_t limit = conv_options().workspace_limit;
-  for (int pass = 0; pass < 2; ++pass)
+  for (int pass = 0; pass < (fma_only ? 2 : 1); ++pass)
     for (int i = 0; i < count; ++i) {
       const Perf& p = perf[static_cast<std::size_t>(i)];
       if (p.status != CUDNN_STATUS_SUCCESS || p.memory > limit) continue;
-      if (pass == 0 && fma_only && p.mathType != CUDNN_FMA_MATH) continue;
-      return &p;
+      if (fma_only && (pass == 0) != (p.mathType == CUDNN_FMA_MATH)) continue;
+      const cudnnMathType_t math = fma_only ? CUDNN_FMA_MATH : p.mathType;
+      MF_GPU_CHECK(cudnnSetConvolutionMathType(conv, math));
+      std::size_t bytes = 0;
+      if (workspace_size(p.algo, &bytes) != CUDNN_STATUS_SUCCESS || bytes > limit) continue;
+      choice.algo = p.algo;
+      choice.math = math;
+      choice.workspace = bytes;
+      // Reserved now, outside any graph capture (growing the workspace synchronises).
+      if (bytes) ctx.workspace(bytes);
+      choice.chosen = true;
+      return true;
     }
-  return nullptr;
+  return false;
 }
 
 [[noreturn]] void no_algorithm(const char* direction, const std::string& shape) {
-  throw GpuError("cuDNN offers no " + std::string(direction) + " algorithm for Conv2D input " + shape +
+  throw GpuError("cuDNN offers no " + std::string(direction) + " algorithm it can run for Conv2D input " + shape +
                      " within the workspace limit of " + format_bytes(conv_options().workspace_limit) +
                      " (--workspace-mb)",
                  "choosing a convolution algorithm", "conv2d_gpu.cu");
-}
-
-// Records a direction's choice (its math mode is already set on its descriptor) and
-// reserves the workspace now, outside any graph capture (growing it synchronises).
-template <class C, class Algo>
-void commit(C& choice, Algo algo, cudnnMathType_t math, std::size_t workspace, GpuContext& ctx) {
-  choice.algo = algo;
-  choice.math = math;
-  choice.workspace = workspace;
-  if (workspace) ctx.workspace(workspace);
-  choice.chosen = true;
 }
 
 }  // namespace
@@ -276,14 +279,12 @@ void Conv2D::forward_gpu(const Tensor& x, Tensor& y) {
       MF_GPU_CHECK(cudnnGetConvolutionForwardAlgorithm_v7(handle, p.x.get(), st.w.get(), p.fwd_conv.get(), p.y.get(),
                                                           static_cast<int>(perf.size()), &count, perf.data()));
     }
-    const cudnnConvolutionFwdAlgoPerf_t* best = pick(perf, count, fma_only);
-    if (!best) no_algorithm("forward", shape_text(n, h, w, in_channels_, dtype));
-    const cudnnMathType_t math = fma_only ? CUDNN_FMA_MATH : best->mathType;
-    MF_GPU_CHECK(cudnnSetConvolutionMathType(p.fwd_conv.get(), math));
-    std::size_t bytes = 0;
-    MF_GPU_CHECK(cudnnGetConvolutionForwardWorkspaceSize(handle, p.x.get(), st.w.get(), p.fwd_conv.get(), p.y.get(),
-                                                         best->algo, &bytes));
-    commit(p.fwd, best->algo, math, bytes, ctx);
+    const auto size = [&](cudnnConvolutionFwdAlgo_t algo, std::size_t* bytes) {
+      return cudnnGetConvolutionForwardWorkspaceSize(handle, p.x.get(), st.w.get(), p.fwd_conv.get(), p.y.get(), algo,
+                                                     bytes);
+    };
+    if (!choose(perf, count, fma_only, p.fwd_conv.get(), size, p.fwd, ctx))
+      no_algorithm("forward", shape_text(n, h, w, in_channels_, dtype));
   }
   st.last_forward = &p;
 
@@ -337,15 +338,12 @@ void Conv2D::backward_gpu(const Tensor& dy, Tensor& dx) {
                                                                  p.bwd_filter_conv.get(), st.w.get(),
                                                                  static_cast<int>(perf.size()), &count, perf.data()));
     }
-    const cudnnConvolutionBwdFilterAlgoPerf_t* best = pick(perf, count, fma_only);
-    if (!best) no_algorithm("backward-filter", shape_text(n, h, w, in_channels_, dtype));
-    const cudnnMathType_t math = fma_only ? CUDNN_FMA_MATH : best->mathType;
-    MF_GPU_CHECK(cudnnSetConvolutionMathType(p.bwd_filter_conv.get(), math));
-    std::size_t bytes = 0;
-    MF_GPU_CHECK(cudnnGetConvolutionBackwardFilterWorkspaceSize(handle, p.x.get(), p.y.get(),
-                                                                p.bwd_filter_conv.get(), st.w.get(), best->algo,
-                                                                &bytes));
-    commit(p.bwd_filter, best->algo, math, bytes, ctx);
+    const auto size = [&](cudnnConvolutionBwdFilterAlgo_t algo, std::size_t* bytes) {
+      return cudnnGetConvolutionBackwardFilterWorkspaceSize(handle, p.x.get(), p.y.get(), p.bwd_filter_conv.get(),
+                                                            st.w.get(), algo, bytes);
+    };
+    if (!choose(perf, count, fma_only, p.bwd_filter_conv.get(), size, p.bwd_filter, ctx))
+      no_algorithm("backward-filter", shape_text(n, h, w, in_channels_, dtype));
   }
   if (need_data) {
     std::vector<cudnnConvolutionBwdDataAlgoPerf_t> perf(CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT);
@@ -361,14 +359,12 @@ void Conv2D::backward_gpu(const Tensor& dy, Tensor& dx) {
                                                                p.x.get(), static_cast<int>(perf.size()), &count,
                                                                perf.data()));
     }
-    const cudnnConvolutionBwdDataAlgoPerf_t* best = pick(perf, count, fma_only);
-    if (!best) no_algorithm("backward-data", shape_text(n, h, w, in_channels_, dtype));
-    const cudnnMathType_t math = fma_only ? CUDNN_FMA_MATH : best->mathType;
-    MF_GPU_CHECK(cudnnSetConvolutionMathType(p.bwd_data_conv.get(), math));
-    std::size_t bytes = 0;
-    MF_GPU_CHECK(cudnnGetConvolutionBackwardDataWorkspaceSize(handle, st.w.get(), p.y.get(), p.bwd_data_conv.get(),
-                                                              p.x.get(), best->algo, &bytes));
-    commit(p.bwd_data, best->algo, math, bytes, ctx);
+    const auto size = [&](cudnnConvolutionBwdDataAlgo_t algo, std::size_t* bytes) {
+      return cudnnGetConvolutionBackwardDataWorkspaceSize(handle, st.w.get(), p.y.get(), p.bwd_data_conv.get(),
+                                                          p.x.get(), algo, bytes);
+    };
+    if (!choose(perf, count, fma_only, p.bwd_data_conv.get(), size, p.bwd_data, ctx))
+      no_algorithm("backward-data", shape_text(n, h, w, in_channels_, dtype));
   }
   st.last_backward = &p;
 
