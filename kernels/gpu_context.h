@@ -14,7 +14,9 @@ namespace mf {
 
 class GpuContext {
  public:
-  // The context of the current device, created on first use. Throws NoGpuError without a GPU.
+  // The process's context, created on first use on the device current then (select_gpu
+  // once, before any GPU work; it is never moved to another device). Throws NoGpuError
+  // without a GPU.
   static GpuContext& current();
 
   cudaStream_t stream() const { return stream_; }  // == compute_stream()

@@ -66,8 +66,8 @@ class ConvOptionsGuard : mf::testing::ConvOptionsScope {
   }
 };
 
-// Device results to the host. The layers enqueue on the compute stream, which does not
-// synchronise with the legacy stream Tensor::to() copies on: wait for it first.
+// Device results to the host. Tensor::to() copies on the compute stream, after the layers'
+// work, and waits for it; the explicit synchronise only makes the order plain to read.
 Tensor to_host(const Tensor& t) {
   mf::gpu_stream_synchronize(mf::compute_stream());
   return t.to(Device::kCpu);

@@ -103,7 +103,7 @@ Sequential gpu_model(std::uint64_t seed, DType dtype, const mf::LossScalerConfig
 
 // Every parameter's f32 master value, in order.
 std::vector<double> weights_of(Sequential& m) {
-  mf::gpu_stream_synchronize(mf::compute_stream());  // Tensor::to copies on the legacy stream
+  mf::gpu_stream_synchronize(mf::compute_stream());  // not needed (to_vector waits too); kept explicit
   std::vector<double> w;
   for (mf::Parameter* p : m.parameters())
     for (float v : p->value.to_vector()) w.push_back(v);
