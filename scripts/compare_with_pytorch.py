@@ -124,6 +124,23 @@ def keras_adam(params, state, lr=1e-3, b1=0.9, b2=0.999, eps=1e-7):
             p.grad = None
 
 
+def initial_params(seed):
+    """microflow's initial weights for `seed` (layer order, Glorot draws) as PyTorch parameters:
+    conv kernels OHWI -> OIHW, dense kernels (in, units) -> (units, in), zero biases."""
+    rng = Xoshiro(seed)
+    w1 = glorot(rng, (32, 3, 3, 1), 9, 288)  # conv2d kernel, OHWI
+    w2 = glorot(rng, (64, 3, 3, 32), 288, 576)  # conv2d_1
+    w3 = glorot(rng, (1600, 64), 1600, 64)  # dense kernel, (in, units)
+    w4 = glorot(rng, (64, 10), 64, 10)  # dense_1
+    params = [torch.tensor(w1).permute(0, 3, 1, 2).contiguous(), torch.zeros(32),
+              torch.tensor(w2).permute(0, 3, 1, 2).contiguous(), torch.zeros(64),
+              torch.tensor(w3).t().contiguous(), torch.zeros(64),
+              torch.tensor(w4).t().contiguous(), torch.zeros(10)]
+    for p in params:
+        p.requires_grad_(True)
+    return params
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data", required=True)
@@ -147,18 +164,8 @@ def main():
                        check=True, stdout=subprocess.DEVNULL)
         ours = json.load(open(metrics))
 
-    # The same start for PyTorch: the weights in microflow's layer order and layouts.
-    rng = Xoshiro(args.seed)
-    w1 = glorot(rng, (32, 3, 3, 1), 9, 288)  # conv2d kernel, OHWI
-    w2 = glorot(rng, (64, 3, 3, 32), 288, 576)  # conv2d_1
-    w3 = glorot(rng, (1600, 64), 1600, 64)  # dense kernel, (in, units)
-    w4 = glorot(rng, (64, 10), 64, 10)  # dense_1
-    params = [torch.tensor(w1).permute(0, 3, 1, 2).contiguous(), torch.zeros(32),
-              torch.tensor(w2).permute(0, 3, 1, 2).contiguous(), torch.zeros(64),
-              torch.tensor(w3).t().contiguous(), torch.zeros(64),
-              torch.tensor(w4).t().contiguous(), torch.zeros(10)]
-    for p in params:
-        p.requires_grad_(True)
+    # The same start for PyTorch.
+    params = initial_params(args.seed)
 
     def model(x):  # x: (N, 1, 28, 28)
         x = F.max_pool2d(F.relu(F.conv2d(x, params[0], params[1])), 2)

@@ -54,17 +54,7 @@ def rounding(scale):
 
 
 def train(seed, x_train, y_train, x_test, y_test, half):
-    rng = ref.Xoshiro(seed)
-    w1 = ref.glorot(rng, (32, 3, 3, 1), 9, 288)
-    w2 = ref.glorot(rng, (64, 3, 3, 32), 288, 576)
-    w3 = ref.glorot(rng, (1600, 64), 1600, 64)
-    w4 = ref.glorot(rng, (64, 10), 64, 10)
-    params = [torch.tensor(w1).permute(0, 3, 1, 2).contiguous(), torch.zeros(32),
-              torch.tensor(w2).permute(0, 3, 1, 2).contiguous(), torch.zeros(64),
-              torch.tensor(w3).t().contiguous(), torch.zeros(64),
-              torch.tensor(w4).t().contiguous(), torch.zeros(10)]
-    for p in params:
-        p.requires_grad_(True)
+    params = ref.initial_params(seed)
     scale = LossScale()
     q = rounding(scale) if half else (lambda t: t)
 
