@@ -117,6 +117,14 @@ void write_metrics_json(const std::string& path, const RunInfo& info, const Hist
   write_file_atomic(path, os.str());
 }
 
+void print_cpu_report(Sequential& model) {
+  std::printf("CPU layers (%d threads):\n", cpu_pool().num_threads());
+  for (const auto& l : model.layers()) {
+    const std::string c = l->cpu_config();
+    if (!c.empty()) std::printf("  %-16s %-13s %s\n", l->name().c_str(), l->type().c_str(), c.c_str());
+  }
+}
+
 void print_gpu_report(Sequential& model, bool fp16) {
   std::printf("GPU layers (%s):\n", fp16 ? "mixed precision: f16 storage, f32 accumulation" : "fp32");
   for (const auto& l : model.layers()) {

@@ -35,5 +35,8 @@ void write_metrics_json(const std::string& path, const RunInfo& info, const Hist
 
 // Per-layer GPU configuration (algorithms, math mode, precision) and device memory.
 void print_gpu_report(Sequential& model, bool fp16);
+// --verbose on the CPU: which kernels each layer ran last, and how sparse the
+// convolutions' output gradients were.
+void print_cpu_report(Sequential& model);
 
 }  // namespace mf::apps

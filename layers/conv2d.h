@@ -20,6 +20,7 @@ class Conv2D final : public Layer {
   Shape output_shape(const Shape& in) const override;
   std::vector<Parameter*> parameters() override { return {&weight_, &bias_}; }
   std::string gpu_config() const override;
+  std::string cpu_config() const override;
   void to(Device device) override;
   void set_compute_dtype(DType dtype) override;
 
@@ -52,6 +53,11 @@ class Conv2D final : public Layer {
   std::vector<float> nz_val_;
   std::vector<std::int32_t> nz_idx_;
   std::vector<std::int64_t> nz_rows_;
+  // What the CPU ran last, for cpu_config().
+  const char* cpu_forward_ = nullptr;
+  const char* cpu_backward_ = nullptr;
+  int sparse_shares_ = 0, shares_ = 0;  // implicit backward: threads' shares done sparse, of all
+  double nonzero_ = -1;                 // fraction of dZ entries nonzero (-1: not counted)
   // Deleted through the function conv2d_gpu.cu sets with the state: this header (and
   // conv2d.cpp, whose constructor may throw) only sees ConvGpuState declared.
   std::unique_ptr<ConvGpuState, void (*)(ConvGpuState*)> gpu_{nullptr, nullptr};

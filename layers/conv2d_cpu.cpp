@@ -20,7 +20,10 @@
 //   column matrix stays in the core's L2 cache between the GEMMs that use it.
 // Weight and bias gradients are summed per thread, then reduced.
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
+#include <numeric>
+#include <string>
 
 #include "layers/conv2d.h"
 #include "layers/conv2d_cpu_kernels.h"
@@ -407,6 +410,7 @@ void Conv2D::backward_implicit(const Tensor& dy, Tensor& dx) {
   const bool relu = act_ == Activation::kRelu;
   const double sparse_below = (run % cpu::kLanes == 0) ? conv_options().cpu_sparse_below : 0.0;
   std::vector<char> sparse_part(static_cast<std::size_t>(threads));
+  std::vector<std::int64_t> nonzeros(static_cast<std::size_t>(threads));  // listed dZ entries per share
 
   pool.run_on_all([&](int t) {
     const std::int64_t n0 = g.n * t / threads, n1 = g.n * (t + 1) / threads;
@@ -438,7 +442,8 @@ void Conv2D::backward_implicit(const Tensor& dy, Tensor& dx) {
       if (listing) e += cpu::pack_nonzeros(row, K, idx + e, val + e);
       end[p] = e;
     }
-    const bool sparse = static_cast<double>(e - p0 * K) < sparse_below * static_cast<double>((p1 - p0) * K);
+    nonzeros[t] = e - p0 * K;
+    const bool sparse = static_cast<double>(nonzeros[t]) < sparse_below * static_cast<double>((p1 - p0) * K);
     sparse_part[t] = sparse;
 
     if (!sparse) {
@@ -501,6 +506,13 @@ void Conv2D::backward_implicit(const Tensor& dy, Tensor& dx) {
         });
     }
   });
+  cpu_backward_ = "implicit GEMM";
+  shares_ = threads;
+  sparse_shares_ = static_cast<int>(std::count(sparse_part.begin(), sparse_part.end(), 1));
+  nonzero_ = sparse_below > 0 && total > 0
+                 ? static_cast<double>(std::accumulate(nonzeros.begin(), nonzeros.end(), std::int64_t{0})) /
+                       static_cast<double>(total * K)
+                 : -1.0;
   float* dw = weight_.grad.data<float>();
   float* dbias = bias_.grad.data<float>();
   for (int t = 0; t < threads; ++t) {
@@ -516,8 +528,15 @@ void Conv2D::backward_implicit(const Tensor& dy, Tensor& dx) {
 }
 
 void Conv2D::forward_cpu(const Tensor& x, Tensor& y) {
-  if (k_ * k_ * in_channels_ <= kMaxDirectInputs && filters_ <= 1024) return forward_direct(x, y);
-  if (filters_ % cpu::kLanes == 0) return forward_implicit(x, y);
+  if (k_ * k_ * in_channels_ <= kMaxDirectInputs && filters_ <= 1024) {
+    cpu_forward_ = "direct";
+    return forward_direct(x, y);
+  }
+  if (filters_ % cpu::kLanes == 0) {
+    cpu_forward_ = "implicit GEMM (register tiles)";
+    return forward_implicit(x, y);
+  }
+  cpu_forward_ = "im2col + Eigen GEMM";
   const ConvGeom g = geometry(x, k_, filters_);
   const std::int64_t ipb = g.images_per_block();
   ThreadPool& pool = cpu_pool();
@@ -545,9 +564,13 @@ void Conv2D::forward_cpu(const Tensor& x, Tensor& y) {
 
 void Conv2D::backward_cpu(const Tensor& dy, Tensor& dx) {
   const ConvGeom g = geometry(x_, k_, filters_);
-  if (!dx.defined() && g.k == 3 && g.c == 1 && g.filters == 32) return backward_direct_3x3x1(dy);
+  if (!dx.defined() && g.k == 3 && g.c == 1 && g.filters == 32) {
+    cpu_backward_ = "direct (weight gradient only: the first layer needs no dx)";
+    return backward_direct_3x3x1(dy);
+  }
   if (g.filters % cpu::kLanes == 0 && (!dx.defined() || (g.k * g.c) % cpu::kLanes == 0))
     return backward_implicit(dy, dx);
+  cpu_backward_ = "im2col + Eigen GEMM";
   const std::int64_t ipb = g.images_per_block();
   ThreadPool& pool = cpu_pool();
   const int threads = pool.num_threads();
@@ -601,6 +624,25 @@ void Conv2D::backward_cpu(const Tensor& dy, Tensor& dx) {
     dw += mat(dw_sum, g.filters, g.kk_c);
     db += ConstRowVecView(dw_sum + g.filters * g.kk_c, g.filters);
   }
+}
+
+std::string Conv2D::cpu_config() const {
+  if (!cpu_forward_) return "";
+  std::string s = std::string("fwd ") + cpu_forward_;
+  if (!cpu_backward_) return s;
+  s += std::string("; bwd ") + cpu_backward_;
+  if (std::strcmp(cpu_backward_, "implicit GEMM") != 0) return s;
+  // The implicit backward: dZ's nonzeros listed and summed sparsely, or the dense tiles.
+  char buf[160];
+  if (nonzero_ < 0)
+    std::snprintf(buf, sizeof buf, ", dense tiles (dZ not listed%s)",
+                  conv_options().cpu_sparse_below > 0 ? ": k*k*C is not a multiple of the vector width"
+                                                      : ": sparse lists off, --dense-grad");
+  else
+    std::snprintf(buf, sizeof buf, ", %s: %d of %d thread shares sparse; dZ %.0f %% nonzero (sparse below %.0f %%)",
+                  sparse_shares_ == shares_ ? "sparse lists" : sparse_shares_ == 0 ? "dense tiles" : "mixed",
+                  sparse_shares_, shares_, 100.0 * nonzero_, 100.0 * conv_options().cpu_sparse_below);
+  return s + buf;
 }
 
 }  // namespace mf

@@ -47,6 +47,7 @@ std::int64_t row_grain(std::int64_t work_per_row) { return std::max<std::int64_t
 // Other sizes (the 10-way output layer) use Eigen.
 void Dense::forward_cpu(const Tensor& x, Tensor& y) {
   const std::int64_t n = x.dim(0);
+  cpu_forward_ = units_ % cpu::kLanes == 0 ? "register tiles" : "Eigen GEMM";
   if (units_ % cpu::kLanes == 0) {
     cpu::conv_forward(n, 1, 1, in_, 1, x.data<float>(), weight_.value.data<float>(), units_,
                       bias_.value.data<float>(), act_ == Activation::kRelu, y.data<float>());
@@ -79,7 +80,9 @@ void Dense::backward_cpu(const Tensor& dy, Tensor& dx) {
   const ConstMatView w = cmat(weight_.value.data<float>(), in_, units_);
   float* dwp = weight_.grad.data<float>();
   float* dxp = dx.defined() ? dx.data<float>() : nullptr;
-  if (units_ % cpu::kLanes == 0 && in_ % cpu::kLanes == 0) return backward_tiled(dx);
+  const bool tiled = units_ % cpu::kLanes == 0 && in_ % cpu::kLanes == 0;
+  cpu_backward_ = tiled ? "register tiles" : "Eigen GEMM";
+  if (tiled) return backward_tiled(dx);
   // Threads split dW by its rows (input features) and dx by its rows (samples): no two
   // threads write the same element, so no reduction is needed.
   cpu_pool().parallel_for(in_, [&](std::int64_t f0, std::int64_t f1, int) {
@@ -138,5 +141,10 @@ void Dense::backward_tiled(Tensor& dx) {
   }, row_grain(in_ * units_));
 }
 
+
+std::string Dense::cpu_config() const {
+  if (!cpu_forward_) return "";
+  return std::string("fwd ") + cpu_forward_ + (cpu_backward_ ? std::string("; bwd ") + cpu_backward_ : "");
+}
 
 }  // namespace mf

@@ -18,6 +18,7 @@ class Dense final : public Layer {
   Shape output_shape(const Shape& in) const override;
   std::vector<Parameter*> parameters() override { return {&weight_, &bias_}; }
   std::string gpu_config() const override;
+  std::string cpu_config() const override;
 
   std::int64_t in_features() const { return in_; }
   std::int64_t units() const { return units_; }
@@ -39,6 +40,8 @@ class Dense final : public Layer {
   Parameter weight_, bias_;
   void backward_tiled(Tensor& dx);  // CPU, units and inputs multiples of the vector width
   Tensor dz_;  // CPU: dy masked by ReLU
+  const char* cpu_forward_ = nullptr;   // what the CPU ran last, for cpu_config()
+  const char* cpu_backward_ = nullptr;
   // Deleted through the function dense_gpu.cu sets with the state: this header (and
   // dense.cpp, whose constructor may throw) only sees DenseGpuState declared.
   std::unique_ptr<DenseGpuState, void (*)(DenseGpuState*)> gpu_{nullptr, nullptr};

@@ -71,6 +71,9 @@ class Layer {
   // One line on how the GPU runs this layer (algorithm, workspace, math mode), for
   // --verbose; empty when there is nothing to say.
   virtual std::string gpu_config() const { return ""; }
+  // The same for the CPU: which kernels ran this layer last (for a convolution's backward,
+  // also how sparse its output gradient was). Empty when there is nothing to say.
+  virtual std::string cpu_config() const { return ""; }
 
  protected:
   // y is allocated by forward() with output_shape(x) and x's dtype and device. Overwrite it.

@@ -1,6 +1,6 @@
-// test_apps_cli.cpp: train_mnist from the command line: every bad flag or input exits
-// non-zero with exactly one line on stderr naming the problem; a short real run writes its
-// metrics, plot and checkpoint, and resumes from it.
+// test_apps_cli.cpp: train_mnist from the command line: every bad flag or input exits with
+// its documented status (2 for a flag, 1 for the rest) and exactly one line on stderr naming
+// the problem; a short real run writes its metrics, plot and checkpoint, and resumes from it.
 #include <gtest/gtest.h>
 
 #include <sys/wait.h>
@@ -48,12 +48,15 @@ int count_lines(const std::string& s) {
   return n;
 }
 
-// Exits non-zero; stderr is one line, "train_mnist: error: ...", containing `expect`.
-void expect_one_line_error(const std::string& args, const std::string& expect) {
+// train_mnist's exit status for a bad flag, and for any other error (--help says so).
+constexpr int kBadFlag = 2, kError = 1;
+
+// Exits with `status`; stderr is one line, "train_mnist: error: ...", containing `expect`.
+void expect_one_line_error(const std::string& args, const std::string& expect, int status) {
   SCOPED_TRACE("train_mnist " + args);
   TempDir dir("_run");
   const RunResult r = run(MF_TRAIN_MNIST_BIN, args, dir);
-  EXPECT_NE(r.status, 0);
+  EXPECT_EQ(r.status, status);
   EXPECT_EQ(count_lines(r.err), 1) << "stderr:\n" << r.err;
   EXPECT_EQ(r.err.rfind("train_mnist: error: ", 0), 0u) << r.err;
   EXPECT_NE(r.err.find(expect), std::string::npos) << "stderr: " << r.err;
@@ -73,18 +76,18 @@ std::string mnist_dir() {
 }  // namespace
 
 TEST(TrainMnistCli, BadFlagsGiveOneLine) {
-  expect_one_line_error("--batch-size 0", "--batch-size must be between 1 and");
-  expect_one_line_error("--epochs -1", "--epochs must be between 1 and");
-  expect_one_line_error("--validation-split 1.5", "--validation-split must be in [0, 1)");
-  expect_one_line_error("--lr abc", "--lr expects a number, got 'abc'");
-  expect_one_line_error("--frobnicate", "unknown flag --frobnicate");
-  expect_one_line_error("--epochs", "--epochs needs a value");
-  expect_one_line_error("--device tpu", "--device must be one of auto, cpu, gpu");
-  expect_one_line_error("--fp16 --device cpu", "--fp16 needs the GPU");
+  expect_one_line_error("--batch-size 0", "--batch-size must be between 1 and", kBadFlag);
+  expect_one_line_error("--epochs -1", "--epochs must be between 1 and", kBadFlag);
+  expect_one_line_error("--validation-split 1.5", "--validation-split must be in [0, 1)", kBadFlag);
+  expect_one_line_error("--lr abc", "--lr expects a number, got 'abc'", kBadFlag);
+  expect_one_line_error("--frobnicate", "unknown flag --frobnicate", kBadFlag);
+  expect_one_line_error("--epochs", "--epochs needs a value", kBadFlag);
+  expect_one_line_error("--device tpu", "--device must be one of auto, cpu, gpu", kBadFlag);
+  expect_one_line_error("--fp16 --device cpu", "--fp16 needs the GPU", kError);
 }
 
 TEST(TrainMnistCli, BadDataGivesOneLine) {
-  expect_one_line_error("--data /nonexistent/mnist", "/nonexistent/mnist");
+  expect_one_line_error("--data /nonexistent/mnist", "/nonexistent/mnist", kError);
   // A folder with the four files, the training images cut short.
   TempDir dir;
   const std::vector<std::uint8_t> img(20 * 28 * 28, 7), lab(20, 3);
@@ -93,23 +96,23 @@ TEST(TrainMnistCli, BadDataGivesOneLine) {
   data::write_idx(dir.file("t10k-images-idx3-ubyte"), {20, 28, 28}, img, false);
   data::write_idx(dir.file("t10k-labels-idx1-ubyte"), {20}, lab, false);
   fs::resize_file(dir.file("train-images-idx3-ubyte"), 16 + 28 * 28 * 5 + 100);
-  expect_one_line_error("--device cpu --data " + dir.file(""), "train-images-idx3-ubyte");
+  expect_one_line_error("--device cpu --data " + dir.file(""), "train-images-idx3-ubyte", kError);
 }
 
 TEST(TrainMnistCli, MissingGpuGivesOneLine) {
   if (gpu_available()) GTEST_SKIP() << "this machine has a GPU";
-  expect_one_line_error("--device gpu", "--device gpu");
+  expect_one_line_error("--device gpu", "--device gpu", kError);
 }
 
 TEST(TrainMnistCli, BadOutputAndCheckpointPathsGiveOneLine) {
-  expect_one_line_error("--save /nonexistent/dir/run.ckpt", "--save /nonexistent/dir/run.ckpt: folder");
-  expect_one_line_error("--plot /nonexistent/dir/p.png", "--plot /nonexistent/dir/p.png: folder");
-  expect_one_line_error("--resume /nonexistent/run.ckpt", "/nonexistent/run.ckpt: cannot open");
+  expect_one_line_error("--save /nonexistent/dir/run.ckpt", "--save /nonexistent/dir/run.ckpt: folder", kError);
+  expect_one_line_error("--plot /nonexistent/dir/p.png", "--plot /nonexistent/dir/p.png: folder", kError);
+  expect_one_line_error("--resume /nonexistent/run.ckpt", "/nonexistent/run.ckpt: cannot open", kError);
   TempDir dir;
   std::FILE* f = std::fopen(dir.file("junk.ckpt").c_str(), "wb");
   std::fputs("junk", f);
   std::fclose(f);
-  expect_one_line_error("--resume " + dir.file("junk.ckpt"), "not a microflow checkpoint");
+  expect_one_line_error("--resume " + dir.file("junk.ckpt"), "not a microflow checkpoint", kError);
 }
 
 TEST(TrainMnistCli, ShortRunWritesMetricsPlotCheckpointAndResumes) {
@@ -169,7 +172,7 @@ TEST(TrainMnistCli, ShortRunWritesMetricsPlotCheckpointAndResumes) {
 
 // --dense-grad multiplies the zeros of the convolution's output gradient instead of skipping
 // them: the same sums in another order, so the same training up to float rounding.
-TEST(TrainMnistCli, DenseGradientsTrainLikeSparseOnes) {
+TEST(TrainMnistCli, DenseGradSwitchesKernelsAndTrainsAlike) {
   const std::string data = mnist_dir();
   if (!fs::exists(data)) GTEST_SKIP() << "no MNIST at " << data;
   TempDir dir;
@@ -177,10 +180,15 @@ TEST(TrainMnistCli, DenseGradientsTrainLikeSparseOnes) {
   for (int dense = 0; dense < 2; ++dense) {
     const std::string json = dir.file("run" + std::to_string(dense) + ".json");
     const RunResult r = run(MF_TRAIN_MNIST_BIN,
-                            "--device cpu --data " + data + " --quiet --limit-train 1280 --epochs 1 "
+                            "--device cpu --data " + data + " --quiet --verbose --limit-train 1280 --epochs 1 "
                             "--validation-split 0.02 --metrics-json " + json + (dense ? " --dense-grad" : ""),
                             dir);
     ASSERT_EQ(r.status, 0) << r.err;
+    // --verbose names the kernels conv2d_1's backward ran: the flag must have switched them.
+    const std::size_t at = r.out.find("  conv2d_1 ");
+    ASSERT_NE(at, std::string::npos) << r.out;
+    const std::string line = r.out.substr(at, r.out.find('\n', at) - at);
+    EXPECT_NE(line.find(dense ? "dense tiles (dZ not listed" : "sparse lists: "), std::string::npos) << line;
     const std::string j = apps::read_file_bytes(json);
     loss[dense] = json_number(j, "loss");
     val_loss[dense] = json_number(j, "val_loss");
