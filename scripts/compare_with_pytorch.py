@@ -199,7 +199,8 @@ def main():
 
     def compare(a, b):
         nonlocal worst
-        worst = max(worst, abs(a - b) / max(abs(a), 1e-12))
+        d = abs(a - b) / max(abs(a), 1e-12)
+        worst = max(worst, d) if np.isfinite(d) else float("inf")  # a NaN on either side fails
 
     state = {"t": 0}
     print(f"seed {args.seed}: per epoch, microflow | PyTorch from the same weights and batches")

@@ -308,19 +308,39 @@ TEST(Checkpoint, FailedSaveKeepsTheOldCheckpoint) {
 
 TEST(Checkpoint, ParserBoundsEveryLength) {
   // With the checksum check off (as the fuzzer runs it), a header claiming huge sizes must
-  // be refused as malformed, not allocated.
+  // be refused as malformed, naming the field, not allocated. Each length, count, rank and
+  // dimension of the format (checkpoint.h) is set to all ones in turn.
   TempDir dir;
   const std::string path = dir.file("a.ckpt");
   trained_and_saved(path);
-  std::string bytes = slurp(path);
-  for (std::size_t at : {std::size_t{24}, std::size_t{27}}) {  // architecture length
+  const std::string bytes = slurp(path);
+  const auto u32_at = [&](std::size_t at) {
+    std::uint32_t v = 0;
+    for (int i = 0; i < 4; ++i) v |= static_cast<std::uint32_t>(static_cast<unsigned char>(bytes[at + i])) << (8 * i);
+    return v;
+  };
+  // The fields' offsets, walked as the format lays them out: architecture, meta, count, and
+  // the first tensor record's name, dtype, rank, first dimension and data size.
+  const std::size_t arch = 24, meta = arch + 4 + u32_at(arch), count = meta + 4 + u32_at(meta);
+  const std::size_t name = count + 4, rank = name + 4 + u32_at(name) + 1, dim0 = rank + 1;
+  ASSERT_GE(static_cast<unsigned char>(bytes[rank]), 1) << "the first tensor has at least one dimension";
+  const std::size_t nbytes = dim0 + 8 * static_cast<unsigned char>(bytes[rank]);
+  const struct {
+    std::size_t at, width;
+    const char* expect;
+  } fields[] = {{arch, 4, "architecture length"}, {meta, 4, "meta length"},       {count, 4, "tensor count"},
+                {name, 4, "tensor name length"},  {rank, 1, "has rank 255"},      {dim0, 8, "larger than the file"},
+                {nbytes, 8, "does not match"}};
+  for (const auto& f : fields) {
+    SCOPED_TRACE(f.expect);
     std::string bad = bytes;
-    bad[at] = static_cast<char>(0xff);
+    for (std::size_t i = 0; i < f.width; ++i) bad[f.at + i] = static_cast<char>(0xff);
     try {
       apps::parse_checkpoint(reinterpret_cast<const std::uint8_t*>(bad.data()), bad.size(), "mem", false);
       ADD_FAILURE() << "expected malformed";
     } catch (const CheckpointError& e) {
       EXPECT_NE(std::string(e.what()).find("malformed"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find(f.expect), std::string::npos) << e.what();
     }
   }
 }

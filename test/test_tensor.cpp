@@ -92,16 +92,29 @@ TEST(Tensor, EmptyZerosFromVectorAndDescribe) {
   EXPECT_EQ(Tensor::empty({2, 2}, DType::kU8).nbytes(), 4u);
   EXPECT_EQ(Tensor::empty({2, 2}, DType::kI32).describe(), "i32 (2, 2) on cpu");
 
-  // zeros really is zero, for every dtype: a buffer of the same size is filled with 0xff and
-  // freed first, so that the allocator's likely reuse of it would show
+  // fill_zero clears every byte of every dtype, and of a slice only the slice: the buffers
+  // start as 0xff. zeros() is empty() + fill_zero(); fresh memory is often zero already,
+  // so only the junk-filled buffers can show a fill_zero that misses bytes.
+  const auto all_bytes = [](const Tensor& x, unsigned char b) {
+    const auto* p = static_cast<const unsigned char*>(x.raw());
+    return std::all_of(p, p + x.nbytes(), [b](unsigned char c) { return c == b; });
+  };
   for (DType t : {DType::kF32, DType::kF16, DType::kU8, DType::kI32}) {
-    {
-      Tensor junk = Tensor::empty({5, 7}, t);
-      std::memset(junk.raw(), 0xff, junk.nbytes());
-    }
-    Tensor z = Tensor::zeros({5, 7}, t);
-    const auto* p = static_cast<const unsigned char*>(z.raw());
-    EXPECT_TRUE(std::all_of(p, p + z.nbytes(), [](unsigned char c) { return c == 0; })) << mf::dtype_name(t);
+    SCOPED_TRACE(mf::dtype_name(t));
+    Tensor junk = Tensor::empty({5, 7}, t);
+    std::memset(junk.raw(), 0xff, junk.nbytes());
+    junk.fill_zero();
+    EXPECT_TRUE(all_bytes(junk, 0));
+
+    Tensor whole = Tensor::empty({5, 7}, t);
+    std::memset(whole.raw(), 0xff, whole.nbytes());
+    Tensor rows = whole.slice(1, 3);
+    rows.fill_zero();
+    EXPECT_TRUE(all_bytes(rows, 0));
+    EXPECT_TRUE(all_bytes(whole.slice(0, 1), 0xff));
+    EXPECT_TRUE(all_bytes(whole.slice(3, 5), 0xff));
+
+    EXPECT_TRUE(all_bytes(Tensor::zeros({5, 7}, t), 0));
   }
 
   const Tensor v = Tensor::from_vector({2, 3}, {1, 2, 3, 4, 5, 6.5f});
