@@ -53,11 +53,15 @@ class Conv2D final : public Layer {
   std::vector<float> nz_val_;
   std::vector<std::int32_t> nz_idx_;
   std::vector<std::int64_t> nz_rows_;
-  // What the CPU ran last, for cpu_config().
+  // What the CPU ran last, for cpu_config(), and how sparse dZ was when the implicit
+  // backward listed its nonzeros: threads' shares done sparse (of all), the fraction of dZ
+  // entries nonzero and the threshold below which a share goes sparse.
   const char* cpu_forward_ = nullptr;
   const char* cpu_backward_ = nullptr;
-  int sparse_shares_ = 0, shares_ = 0;  // implicit backward: threads' shares done sparse, of all
-  double nonzero_ = -1;                 // fraction of dZ entries nonzero (-1: not counted)
+  struct Sparsity {
+    int sparse_shares = 0, shares = 0;
+    double nonzero = 0, threshold = 0;
+  } sparsity_;
   // Deleted through the function conv2d_gpu.cu sets with the state: this header (and
   // conv2d.cpp, whose constructor may throw) only sees ConvGpuState declared.
   std::unique_ptr<ConvGpuState, void (*)(ConvGpuState*)> gpu_{nullptr, nullptr};

@@ -41,6 +41,9 @@ constexpr std::int64_t kMaxDirectInputs = 32;   // kkC up to this takes the dire
 // particular order: blocks of images whose inputs fit in a core's L1 data cache (48 KB on
 // the cores measured; 2 MNIST feature maps of 13x13x32 floats) keep those reads out of L2.
 constexpr std::int64_t kL1Bytes = 48 * 1024;
+// The implicit backward when it listed dZ's nonzeros, as --verbose names it: cpu_config()
+// adds how sparse dZ was.
+constexpr const char* kImplicitListed = "implicit GEMM";
 
 struct ConvGeom {
   std::int64_t n, h, w, c, k, oh, ow, kk_c, filters;
@@ -506,13 +509,16 @@ void Conv2D::backward_implicit(const Tensor& dy, Tensor& dx) {
         });
     }
   });
-  cpu_backward_ = "implicit GEMM";
-  shares_ = threads;
-  sparse_shares_ = static_cast<int>(std::count(sparse_part.begin(), sparse_part.end(), 1));
-  nonzero_ = sparse_below > 0 && total > 0
-                 ? static_cast<double>(std::accumulate(nonzeros.begin(), nonzeros.end(), std::int64_t{0})) /
-                       static_cast<double>(total * K)
-                 : -1.0;
+  if (sparse_below > 0) {
+    cpu_backward_ = kImplicitListed;
+    const auto listed = std::accumulate(nonzeros.begin(), nonzeros.end(), std::int64_t{0});
+    sparsity_ = {static_cast<int>(std::count(sparse_part.begin(), sparse_part.end(), 1)), threads,
+                 total > 0 ? static_cast<double>(listed) / static_cast<double>(total * K) : 0.0, sparse_below};
+  } else {
+    cpu_backward_ = run % cpu::kLanes != 0
+                        ? "implicit GEMM, dense tiles (dZ not listed: k*k*C is not a multiple of the vector width)"
+                        : "implicit GEMM, dense tiles (dZ not listed: sparse lists off, --dense-grad)";
+  }
   float* dw = weight_.grad.data<float>();
   float* dbias = bias_.grad.data<float>();
   for (int t = 0; t < threads; ++t) {
@@ -631,17 +637,13 @@ std::string Conv2D::cpu_config() const {
   std::string s = std::string("fwd ") + cpu_forward_;
   if (!cpu_backward_) return s;
   s += std::string("; bwd ") + cpu_backward_;
-  if (std::strcmp(cpu_backward_, "implicit GEMM") != 0) return s;
-  // The implicit backward: dZ's nonzeros listed and summed sparsely, or the dense tiles.
+  if (cpu_backward_ != kImplicitListed) return s;
+  // dZ's nonzeros were listed: each thread's share summed them sparsely or used the dense tiles.
+  const Sparsity& z = sparsity_;
   char buf[160];
-  if (nonzero_ < 0)
-    std::snprintf(buf, sizeof buf, ", dense tiles (dZ not listed%s)",
-                  conv_options().cpu_sparse_below > 0 ? ": k*k*C is not a multiple of the vector width"
-                                                      : ": sparse lists off, --dense-grad");
-  else
-    std::snprintf(buf, sizeof buf, ", %s: %d of %d thread shares sparse; dZ %.0f %% nonzero (sparse below %.0f %%)",
-                  sparse_shares_ == shares_ ? "sparse lists" : sparse_shares_ == 0 ? "dense tiles" : "mixed",
-                  sparse_shares_, shares_, 100.0 * nonzero_, 100.0 * conv_options().cpu_sparse_below);
+  std::snprintf(buf, sizeof buf, ", %s: %d of %d thread shares sparse; dZ %.0f %% nonzero (sparse below %.0f %%)",
+                z.sparse_shares == z.shares ? "sparse lists" : z.sparse_shares == 0 ? "dense tiles" : "mixed",
+                z.sparse_shares, z.shares, 100.0 * z.nonzero, 100.0 * z.threshold);
   return s + buf;
 }
 
