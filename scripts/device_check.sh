@@ -32,10 +32,13 @@ summary="$out/summary.txt"
 deadline=$((SECONDS + ${MF_DEVICE_BUDGET_S:-480}))
 note() { printf '%s\n' "$*" | tee -a "$summary"; }
 stage() { printf '\n==== %s (%s, %d s of the budget left)\n' "$1" "$(date -u +%H:%M:%S)" "$((deadline - SECONDS))"; }
-# limited SECONDS CMD...: CMD under `timeout`, its limit cut to what is left of the budget
-# (keeping 15 s for the table); exit 124 at once, with a line, when under 5 s would be left.
+# Seconds of the budget a stage may still use (15 s are kept for the table).
+time_left() { echo $((deadline - SECONDS - 15)); }
+# limited SECONDS CMD...: CMD under `timeout`, its limit cut to what is left of the budget;
+# exit 124 at once, with a line, when under 5 s would be left.
 limited() {
-  local limit="$1" left=$((deadline - SECONDS - 15))
+  local limit="$1" left
+  left=$(time_left)
   shift
   ((left < limit)) && limit=$left
   if ((limit < 5)); then
@@ -108,7 +111,7 @@ snapshot
 train() {  # name, flags...
   local name="$1"
   shift
-  if ((deadline - SECONDS - 15 < 5)); then
+  if (($(time_left) < 5)); then
     note "$name: skipped (the time budget is spent)"
     return
   fi
