@@ -309,7 +309,8 @@ int main(int argc, char** argv) {
       all_epochs.push_back(e);
       save(e.epoch + 1, false);
       plot();
-      if (o.verbose) device == Device::kGpu ? apps::print_gpu_report(model, o.fp16) : apps::print_cpu_report(model);
+      if (o.verbose && device == Device::kGpu) apps::print_gpu_report(model, o.fp16);
+      else if (o.verbose) apps::print_cpu_report(model);
     };
     set_sigint(on_sigint);
     cb.should_stop = [] { return g_stop.load(); };

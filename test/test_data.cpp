@@ -141,7 +141,6 @@ Bytes synthetic_labels(std::int64_t n) {
   return ::testing::AssertionFailure() << "no exception for " << path;
 }
 
-
 // A fresh folder under ::testing::TempDir(), removed afterwards.
 class DataFiles : public ::testing::Test {
  protected:

@@ -112,7 +112,7 @@ TEST(AdamCpu, ThreeStepsWorkedOutByHand) {
   EXPECT_TRUE(near_rel({v.begin(), v.begin() + 3}, ref.v));
   EXPECT_EQ(state[2].second.to_vector(), std::vector<float>{3});
   // the third gradient of element 2 is zero, yet it still moves at step 3 (its m decays,
-  // not vanishes), by the reference's amount
+  // not vanishes); the loop above checked the amount against the reference
   EXPECT_GT(std::fabs(p.value.data<float>()[2] - w2_after_step2), 1e-4);
 }
 
