@@ -1,0 +1,113 @@
+#!/usr/bin/python3
+"""How much does the seed move the recipe's test accuracy, in microflow and in PyTorch?
+
+Trains the article's recipe (5 epochs, batch 64, Adam, validation_split 0.2) once per
+seed with build/bin/train_mnist on the CPU and, with --pytorch, once per seed with the
+PyTorch anchor (../shared/anchors/torch_mnist_cpu.py, Debian's python3-torch), then
+writes one CSV row per seed and prints, for each framework, the mean, standard
+deviation, range and how many seeds reach 99.0 %.
+
+The two frameworks draw their initial weights and batch orders from different random
+generators, so seed S in one is not seed S in the other: compare the distributions, not
+the rows. (scripts/compare_with_pytorch.py trains both from the same start.)
+
+Usage (about 15 s per microflow seed and 1-2 minutes per PyTorch seed on two cores):
+  scripts/accuracy_over_seeds.py --data .cache/mnist --seeds 0-63 --csv out.csv
+  scripts/accuracy_over_seeds.py --data .cache/mnist --seeds 0-35 --pytorch --no-microflow
+"""
+import argparse
+import csv
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ANCHOR = os.path.join(ROOT, "..", "shared", "anchors", "torch_mnist_cpu.py")
+# Stable PyTorch timings need these (see the anchor's docstring); they do not change results.
+TORCH_ENV = {"GLIBC_TUNABLES": "glibc.malloc.mmap_threshold=33554432:glibc.malloc.trim_threshold=1073741824"}
+
+
+def parse_seeds(text):
+    seeds = []
+    for part in text.split(","):
+        lo, _, hi = part.partition("-")
+        seeds.extend(range(int(lo), int(hi or lo) + 1))
+    return seeds
+
+
+def microflow(train_mnist, data, seed, threads):
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "metrics.json")
+        cmd = [train_mnist, "--device", "cpu", "--quiet", "--seed", str(seed), "--data", data,
+               "--metrics-json", path]
+        if threads:
+            cmd += ["--threads", str(threads)]
+        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+        with open(path) as f:
+            metrics = json.load(f)
+    return metrics["test_accuracy"], metrics["epochs"][0]["val_accuracy"]
+
+
+def pytorch(anchor, data, seed, threads):
+    out = subprocess.run([sys.executable, anchor, "--data", data, "--seed", str(seed),
+                          "--threads", str(threads or 2)],
+                         check=True, capture_output=True, text=True,
+                         env=dict(os.environ, **TORCH_ENV)).stdout
+    test = re.search(r"^test_acc ([0-9.]+)", out, re.M)
+    val = re.search(r"^epoch 1: .* val_acc ([0-9.]+)", out, re.M)
+    if not test or not val:
+        raise RuntimeError(f"seed {seed}: no accuracy in the anchor's output:\n{out}")
+    return float(test.group(1)), float(val.group(1))
+
+
+def summary(name, values):
+    if not values:
+        return
+    sd = statistics.stdev(values) if len(values) > 1 else 0.0
+    reach = sum(v >= 0.99 for v in values)
+    print(f"{name:10s} {len(values):3d} seeds  mean {100 * statistics.mean(values):.2f} %  "
+          f"sd {100 * sd:.2f}  range {100 * min(values):.2f}-{100 * max(values):.2f} %  "
+          f"reaching 99.0 %: {reach} of {len(values)}")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--data", required=True, help="folder with the four MNIST IDX files")
+    ap.add_argument("--seeds", default="0-15", help="e.g. 0-63 or 0-3,10")
+    ap.add_argument("--csv", help="write seed, test and first-epoch validation accuracies here")
+    ap.add_argument("--train-mnist", default=os.path.join(ROOT, "build", "bin", "train_mnist"))
+    ap.add_argument("--threads", type=int, default=0, help="both frameworks (default: theirs)")
+    ap.add_argument("--pytorch", action="store_true", help="also run the PyTorch anchor")
+    ap.add_argument("--anchor", default=ANCHOR)
+    ap.add_argument("--no-microflow", action="store_true", help="only the PyTorch anchor")
+    args = ap.parse_args()
+
+    runs = [] if args.no_microflow else [("microflow", lambda s: microflow(args.train_mnist, args.data, s, args.threads))]
+    if args.pytorch:
+        runs.append(("pytorch", lambda s: pytorch(args.anchor, args.data, s, args.threads)))
+    if not runs:
+        ap.error("nothing to run: --no-microflow without --pytorch")
+
+    header = ["seed"] + [f"{name}_{col}" for name, _ in runs for col in ("test_5ep", "val_ep1")]
+    rows, results = [], {name: [] for name, _ in runs}
+    for seed in parse_seeds(args.seeds):
+        row = [seed]
+        for name, run in runs:
+            test, val = run(seed)
+            results[name].append(test)
+            row += [f"{test:.4f}", f"{val:.4f}"]
+        print(" ".join(str(x) for x in row), flush=True)
+        rows.append(row)
+    if args.csv:
+        with open(args.csv, "w", newline="") as f:
+            csv.writer(f).writerows([header] + rows)
+    for name, values in results.items():
+        summary(name, values)
+
+
+if __name__ == "__main__":
+    main()
