@@ -121,10 +121,10 @@ train() {  # name, flags...
   snapshot
 }
 stage "5-epoch GPU trainings"
-# 98.5 %: the recipe lands at 98.7-99.1 % depending on the seed (docs/results), as the CPU
-# test asserts; a broken path lands far below.
-train fp32_b64 --min-accuracy 0.985
-train fp16_b64 --fp16 --min-accuracy 0.985 --verbose
+# 98.3 %, as the CPU test asserts: below every seed measured (98.42-99.12 % over 64 seeds,
+# docs/results); a broken path lands far below.
+train fp32_b64 --min-accuracy 0.983
+train fp16_b64 --fp16 --min-accuracy 0.983 --verbose
 train fp32_b1024 --batch-size 1024
 train fp16_b1024 --batch-size 1024 --fp16
 stage "timing runs (2 epochs each)"
