@@ -107,7 +107,7 @@ def main():
         rows.append(row)
     if args.csv:
         with open(args.csv, "w", newline="") as f:
-            csv.writer(f).writerows([header] + rows)
+            csv.writer(f, lineterminator="\n").writerows([header] + rows)
     for name, values in results.items():
         summary(name, values, args.bar)
 
