@@ -32,7 +32,8 @@ ANCHOR = os.path.join(ROOT, "..", "shared", "anchors", "torch_mnist_cpu.py")
 TORCH_ENV = {"GLIBC_TUNABLES": "glibc.malloc.mmap_threshold=33554432:glibc.malloc.trim_threshold=1073741824"}
 
 
-def parse_seeds(text):
+def seed_list(text):
+    """ "0-19,37" -> [0, 1, ..., 19, 37] (fp16_drift.py uses it too)."""
     seeds = []
     for part in text.split(","):
         lo, _, hi = part.partition("-")
@@ -97,7 +98,7 @@ def main():
 
     header = ["seed"] + [f"{name}_{col}" for name, _ in runs for col in (f"test_{args.epochs}ep", "val_ep1")]
     rows, results = [], {name: [] for name, _ in runs}
-    for seed in parse_seeds(args.seeds):
+    for seed in seed_list(args.seeds):
         row = [seed]
         for name, run in runs:
             test, val = run(seed)

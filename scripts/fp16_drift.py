@@ -31,6 +31,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import compare_with_pytorch as ref  # noqa: E402  (the generator, Glorot draws, shuffles, Adam)
+from accuracy_over_seeds import seed_list  # noqa: E402  ("0-19,37" -> seeds)
 
 
 class LossScale:
@@ -83,14 +84,6 @@ def train(seed, x_train, y_train, x_test, y_test, half):
         correct = sum((model(x_test[i:i + 1000]).argmax(1) == y_test[i:i + 1000]).sum().item()
                       for i in range(0, x_test.shape[0], 1000))
     return correct / x_test.shape[0], skipped
-
-
-def seed_list(text):
-    seeds = []
-    for part in text.split(","):
-        a, _, b = part.partition("-")
-        seeds += list(range(int(a), int(b or a) + 1))
-    return seeds
 
 
 def main():
