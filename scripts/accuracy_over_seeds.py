@@ -41,22 +41,24 @@ def seed_list(text):
     return seeds
 
 
+def common_flags(data, seed, epochs, threads):
+    """The flags both programs take alike; --threads only when given (else each its own default)."""
+    flags = ["--data", data, "--seed", str(seed), "--epochs", str(epochs)]
+    return flags + (["--threads", str(threads)] if threads else [])
+
+
 def microflow(train_mnist, data, seed, epochs, threads):
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "metrics.json")
-        cmd = [train_mnist, "--device", "cpu", "--quiet", "--seed", str(seed), "--data", data,
-               "--epochs", str(epochs), "--metrics-json", path]
-        if threads:
-            cmd += ["--threads", str(threads)]
-        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+        cmd = [train_mnist, "--device", "cpu", "--quiet", "--metrics-json", path]
+        subprocess.run(cmd + common_flags(data, seed, epochs, threads), check=True, stdout=subprocess.DEVNULL)
         with open(path) as f:
             metrics = json.load(f)
     return metrics["test_accuracy"], metrics["epochs"][0]["val_accuracy"]
 
 
 def pytorch(anchor, data, seed, epochs, threads):
-    out = subprocess.run([sys.executable, anchor, "--data", data, "--seed", str(seed),
-                          "--epochs", str(epochs), "--threads", str(threads or 2)],
+    out = subprocess.run([sys.executable, anchor] + common_flags(data, seed, epochs, threads),
                          check=True, capture_output=True, text=True,
                          env=dict(os.environ, **TORCH_ENV)).stdout
     test = re.search(r"^test_acc ([0-9.]+)", out, re.M)
