@@ -1,6 +1,7 @@
 // device_allocator.cpp: the caching device allocator (see device_allocator.h).
 #include "kernels/device_allocator.h"
 
+#include <cstdint>
 #include <string>
 
 #include "kernels/errors.h"
@@ -41,8 +42,12 @@ void DeviceAllocator::reset_peak() { std::lock_guard<std::mutex> l(mu_); peak_ =
 
 void* DeviceAllocator::allocate(std::size_t bytes) {
   if (!gpu_available()) throw NoGpuError("GPU memory requested but " + gpu_status().reason);
-  const std::size_t size = round_size(bytes);
   std::lock_guard<std::mutex> lock(mu_);
+  // A size near SIZE_MAX (a negative count cast to size_t) would wrap when rounded up.
+  if (bytes > SIZE_MAX / 2)
+    throw OutOfMemoryError("GPU memory request of " + format_bytes(bytes) + " is larger than any device",
+                           bytes, in_use_, limit_);
+  const std::size_t size = round_size(bytes);
   if (limit_ != 0 && in_use_ + size > limit_)
     throw OutOfMemoryError("GPU memory limit reached: need " + format_bytes(size) + " more, " +
                                format_bytes(in_use_) + " in use, limit " + format_bytes(limit_),

@@ -41,7 +41,7 @@ void* GpuContext::workspace(std::size_t bytes) {
 bool GpuContext::capturing() const {
   cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
   MF_GPU_CHECK(cudaStreamIsCapturing(stream_, &status));
-  return status == cudaStreamCaptureStatusActive;
+  return status != cudaStreamCaptureStatusNone;  // an invalidated capture counts: it is still open
 }
 
 }  // namespace mf

@@ -29,7 +29,8 @@ class GpuContext {
   void* workspace(std::size_t bytes);
   std::size_t workspace_size() const { return workspace_bytes_; }
 
-  // True while the compute stream is being captured into a CUDA graph.
+  // True while the compute stream is being captured into a CUDA graph (also after an
+  // error has invalidated that capture, until it is ended).
   bool capturing() const;
 
   GpuContext(const GpuContext&) = delete;

@@ -2,6 +2,7 @@
 #include "layers/softmax_xent.h"
 
 #include <cmath>
+#include <limits>
 #include <stdexcept>
 #include <string>
 
@@ -45,11 +46,13 @@ void softmax_xent(const Tensor& logits, const Tensor& labels, Tensor& stats, Ten
     if (label < 0 || label >= k)
       throw std::invalid_argument("softmax_xent: label " + std::to_string(label) + " out of range [0, " +
                                   std::to_string(k) + ")");
+    // The prediction: the first index of the largest logit that is not NaN (class 0 when
+    // there is none), the GPU kernel's rule. log-sum-exp around that max keeps exp() from
+    // overflowing; a NaN in the row makes the loss NaN either way.
     std::int64_t arg = 0;
-    for (std::int64_t j = 1; j < k; ++j)
-      if (row[j] > row[arg]) arg = j;
-    // log-sum-exp around the max keeps exp() from overflowing
-    const float m = row[arg];
+    float m = -std::numeric_limits<float>::infinity();
+    for (std::int64_t j = 0; j < k; ++j)
+      if (row[j] > m) m = row[j], arg = j;
     double sum = 0.0;
     for (std::int64_t j = 0; j < k; ++j) sum += std::exp(static_cast<double>(row[j] - m));
     const double log_sum = std::log(sum);

@@ -14,7 +14,8 @@ constexpr int kStatLossSum = 0, kStatCorrect = 1, kStatCount = 2, kNumStats = 3;
 // When dlogits is defined, writes d(mean loss)/d logits * grad_scale =
 // (softmax - onehot) * grad_scale / N into it; `scale` (GPU only, may be null) is a
 // device pointer whose value multiplies grad_scale (the dynamic loss scale).
-// A prediction is correct when the label's logit is the largest (first index on ties).
+// A prediction is correct when the label's logit is the largest (first index on ties,
+// NaN logits never win).
 void softmax_xent(const Tensor& logits, const Tensor& labels, Tensor& stats, Tensor* dlogits,
                   float grad_scale = 1.0f, const float* scale = nullptr);
 

@@ -326,7 +326,8 @@ struct XentExpect {
   std::vector<double> dz;
 };
 
-// Double precision; the first index of the maximum is the prediction, as on the CPU path.
+// Double precision; the first index of the largest non-NaN logit is the prediction, as on
+// the CPU path.
 XentExpect xent_reference(const std::vector<float>& z, const std::vector<std::int32_t>& labels, std::int64_t n,
                           std::int64_t k, double g) {
   XentExpect e;
@@ -334,9 +335,9 @@ XentExpect xent_reference(const std::vector<float>& z, const std::vector<std::in
   for (std::int64_t r = 0; r < n; ++r) {
     const float* row = z.data() + r * k;
     std::int64_t arg = 0;
-    for (std::int64_t j = 1; j < k; ++j)
-      if (row[j] > row[arg]) arg = j;
-    const double m = row[arg];
+    double m = -INFINITY;
+    for (std::int64_t j = 0; j < k; ++j)
+      if (row[j] > m) m = row[j], arg = j;
     double s = 0.0;
     for (std::int64_t j = 0; j < k; ++j) s += std::exp(row[j] - m);
     e.loss += std::log(s) - (row[labels[r]] - m);

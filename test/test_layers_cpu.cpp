@@ -702,6 +702,19 @@ TEST(SoftmaxXentCpu, TiesPickTheFirstIndex) {
   EXPECT_NEAR(stats.data<float>()[mf::kStatLossSum], mf::testing::softmax_xent_ref(z, labels_of({2, 1, 3})).loss_sum, 1e-5);
 }
 
+TEST(SoftmaxXentCpu, NanLogitsNeverWinThePrediction) {
+  // The GPU kernel's rule: the first largest logit that is not NaN, class 0 when none is.
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  const Tensor z = Tensor::from_vector({3, 3}, {nan, 2, 1, 1, nan, 3, nan, nan, -inf});
+  Tensor stats = Tensor::zeros({mf::kNumStats});
+  mf::softmax_xent(z, labels_of({1, 2, 0}), stats, nullptr);
+  EXPECT_EQ(stats.data<float>()[mf::kStatCorrect], 3.0f);  // rows 0 -> 1, 1 -> 2, 2 -> 0 (none)
+  EXPECT_TRUE(std::isnan(stats.data<float>()[mf::kStatLossSum]));
+  stats.fill_zero();
+  mf::softmax_xent(z, labels_of({0, 0, 1}), stats, nullptr);
+  EXPECT_EQ(stats.data<float>()[mf::kStatCorrect], 0.0f);
+}
+
 TEST(SoftmaxXentCpu, LargeLogitsDoNotOverflow) {
   const Tensor z = Tensor::from_vector({3, 3}, {1000, 0, -1000, 1000, 0, -1000, 1000, 1000, -1000});
   Tensor stats = Tensor::zeros({mf::kNumStats});

@@ -322,6 +322,20 @@ TEST(TrainGpu, MemoryLimitNamesTheTensorAndSuggestsAFix) {
   }
 }
 
+TEST(TrainGpu, AbsurdRequestIsOutOfMemoryNotAWrappedSize) {
+  MF_SKIP_WITHOUT_GPU();
+  mf::DeviceAllocator& a = mf::DeviceAllocator::instance();
+  const std::size_t before = a.in_use();
+  // Rounded up to the allocator's 64 KiB granule, this size would wrap around to 0 bytes.
+  const std::size_t absurd = SIZE_MAX - 100;
+  EXPECT_THROW(a.allocate(absurd), mf::OutOfMemoryError);
+  {
+    MemoryLimitGuard limit(before + (1u << 20));  // in_use + size must not wrap under the limit
+    EXPECT_THROW(a.allocate(absurd), mf::OutOfMemoryError);
+  }
+  EXPECT_EQ(a.in_use(), before);
+}
+
 // ---- learning --------------------------------------------------------------------------------
 
 TEST(TrainGpu, ShortFitLearns) {

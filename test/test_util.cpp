@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <sstream>
 #include <unistd.h>
 
@@ -236,9 +237,9 @@ XentRef softmax_xent_ref(const Tensor& logits, const Tensor& labels) {
   XentRef r{0.0, 0, std::vector<double>(z.size())};
   for (std::int64_t i = 0; i < n; ++i) {
     const int y = static_cast<int>(lab[i]);
-    double m = z[i * k];
+    double m = -std::numeric_limits<double>::infinity();  // NaN never wins; class 0 if all are NaN
     std::int64_t arg = 0;
-    for (std::int64_t j = 1; j < k; ++j)
+    for (std::int64_t j = 0; j < k; ++j)
       if (z[i * k + j] > m) m = z[i * k + j], arg = j;
     double s = 0;
     for (std::int64_t j = 0; j < k; ++j) s += std::exp(z[i * k + j] - m);
