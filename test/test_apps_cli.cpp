@@ -37,7 +37,7 @@ struct RunResult {
 
 RunResult run(const char* bin, const std::string& args, const TempDir& dir) {
   const std::string out = dir.file("stdout.txt"), err = dir.file("stderr.txt");
-  const std::string cmd = std::string(bin) + " " + args + " > " + out + " 2> " + err + " < /dev/null";
+  const std::string cmd = mf::testing::program_path(bin) + " " + args + " > " + out + " 2> " + err + " < /dev/null";
   const int st = std::system(cmd.c_str());
   return {WIFEXITED(st) ? WEXITSTATUS(st) : -1, apps::read_file_bytes(out), apps::read_file_bytes(err)};
 }

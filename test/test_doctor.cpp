@@ -23,7 +23,7 @@ struct RunResult {
 RunResult run_doctor(const std::string& args) {
   const std::string base =
       (std::filesystem::temp_directory_path() / ("mf_doctor_" + std::to_string(::getpid()))).string();
-  const std::string cmd = std::string(MF_DOCTOR_BIN) + " --no-color " + args + " > " + base + ".out 2> " + base + ".err";
+  const std::string cmd = mf::testing::program_path(MF_DOCTOR_BIN) + " --no-color " + args + " > " + base + ".out 2> " + base + ".err";
   const int st = std::system(cmd.c_str());
   RunResult r{WIFEXITED(st) ? WEXITSTATUS(st) : -1, mf::apps::read_file_bytes(base + ".out"),
               mf::apps::read_file_bytes(base + ".err")};

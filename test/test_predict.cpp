@@ -76,7 +76,7 @@ struct RunResult {
 };
 RunResult run(const std::string& args, const std::string& dir) {
   const std::string out = dir + "/stdout.txt", err = dir + "/stderr.txt";
-  const std::string cmd = std::string(MF_PREDICT_BIN) + " " + args + " > " + out + " 2> " + err;
+  const std::string cmd = mf::testing::program_path(MF_PREDICT_BIN) + " " + args + " > " + out + " 2> " + err;
   const int st = std::system(cmd.c_str());
   RunResult r{WIFEXITED(st) ? WEXITSTATUS(st) : -1, apps::read_file_bytes(out), apps::read_file_bytes(err)};
   return r;

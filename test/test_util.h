@@ -56,6 +56,11 @@ class TempDir {
   std::filesystem::path path_;
 };
 
+// The program a test runs (train_mnist, predict, doctor), given its path in the build tree:
+// the file of that name beside the running test binary when there is one, so a bin/ folder
+// copied to another machine runs its own programs; else the build-tree path itself.
+std::string program_path(const std::string& built);
+
 struct Tol {
   double atol, rtol;
 };
