@@ -178,13 +178,23 @@ void Sequential::compile(std::unique_ptr<Optimizer> optimizer) {
 const Tensor& Sequential::forward(const Tensor& x) {
   if (layers_.empty()) throw std::logic_error("Sequential::forward of an empty model");
   const Tensor* h = &x;
-  for (auto& l : layers_) h = &l->forward(*h);
+  std::vector<const void*> outputs;  // only when a GPU trainer exists, whose graphs may hold them
+  for (auto& l : layers_) {
+    h = &l->forward(*h);
+    if (gpu_) outputs.push_back(h->raw());
+  }
+  if (gpu_) drop_graphs_if_moved(outputs, 0);
   return *h;
 }
 
 void Sequential::backward(const Tensor& dlogits) {
   const Tensor* g = &dlogits;
-  for (auto it = layers_.rbegin(); it != layers_.rend(); ++it) g = &(*it)->backward(*g);
+  std::vector<const void*> grads;
+  for (auto it = layers_.rbegin(); it != layers_.rend(); ++it) {
+    g = &(*it)->backward(*g);
+    if (gpu_) grads.push_back(g->raw());
+  }
+  if (gpu_) drop_graphs_if_moved(grads, layers_.size());
 }
 
 History Sequential::fit(const data::Dataset& train, const data::Dataset* validation, const FitOptions& options,

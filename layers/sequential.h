@@ -140,6 +140,12 @@ class Sequential {
   // The end of an epoch, for both loops: validation, the log, the callback. Returns false
   // (after logging the partial epoch) when training was interrupted.
   bool finish_epoch(EpochLog& log, History& history, const data::Dataset* validation, const FitCallbacks& callbacks);
+  // After the layers ran on the GPU outside a training step (forward, backward or
+  // evaluate, from a callback during a fit, say): `addrs` are the buffers they wrote, in
+  // the order a step records them from position `first` (forward outputs, then input
+  // gradients from the last layer back). A bigger batch may have grown, and so moved,
+  // buffers that captured steps write: then those graphs are dropped.
+  void drop_graphs_if_moved(const std::vector<const void*>& addrs, std::size_t first);
 
   std::vector<std::unique_ptr<Layer>> layers_;
   Shape input_shape_;
@@ -153,6 +159,7 @@ class Sequential {
 
 #if !MF_WITH_CUDA
 inline std::string Sequential::gpu_training_info() const { return ""; }  // no GPU trainer in this build
+inline void Sequential::drop_graphs_if_moved(const std::vector<const void*>&, std::size_t) {}
 #endif
 
 }  // namespace mf

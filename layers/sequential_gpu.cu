@@ -15,8 +15,9 @@
 // epoch follows the same rule: eager in the first epoch, captured in the second, replayed
 // after. A graph holds raw addresses, so graphs are dropped (and the rule starts again)
 // whenever a buffer they use may have moved: a new fit, the shared cuDNN workspace
-// growing, a validation pass that grew a layer's output buffer, or a new learning rate
-// (a kernel argument baked into the graph).
+// growing, a validation pass (or a forward, backward or predict called from a callback)
+// that grew a layer's buffer, or a new learning rate (a kernel argument baked into the
+// graph).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -651,6 +652,14 @@ History Sequential::fit_gpu(const data::Dataset& train, const data::Dataset* val
   return history;
 }
 
+void Sequential::drop_graphs_if_moved(const std::vector<const void*>& addrs, std::size_t first) {
+  if (!gpu_) return;
+  GpuTrainer& t = *gpu_;
+  if (!t.graphs.empty() && (t.graph_addrs.size() < first + addrs.size() ||
+                            !std::equal(addrs.begin(), addrs.end(), t.graph_addrs.begin() + first)))
+    t.drop_graphs();
+}
+
 EvalResult Sequential::evaluate_gpu(const data::Dataset& d, std::int64_t batch_size) {
   data::check_dataset(d, "evaluate");
   EvalResult r;
@@ -689,11 +698,7 @@ EvalResult Sequential::evaluate_gpu(const data::Dataset& d, std::int64_t batch_s
     }
   }
   const Stats st = t.read_stats(t.eval_stats, s);  // the one wait
-  // A larger evaluation batch may have grown (moved) layer outputs that captured training
-  // steps write: then those graphs must go.
-  if (!t.graphs.empty() && (t.graph_addrs.size() < outputs.size() ||
-                            !std::equal(outputs.begin(), outputs.end(), t.graph_addrs.begin())))
-    t.drop_graphs();
+  drop_graphs_if_moved(outputs, 0);
   r.count = static_cast<std::int64_t>(st.count);
   if (r.count > 0) {
     r.loss = st.loss_sum / st.count;

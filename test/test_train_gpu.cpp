@@ -172,6 +172,37 @@ TEST(TrainGpu, GraphReplayEqualsEagerSteps) {
   EXPECT_NE(eager.gpu_training_info().find("eager"), std::string::npos) << eager.gpu_training_info();
 }
 
+TEST(TrainGpu, PredictFromACallbackDoesNotBreakTheGraphs) {
+  MF_SKIP_WITHOUT_GPU();
+  ConvOptionsGuard options(/*find=*/false, /*fma_only=*/true);
+  // After each epoch a callback predicts 300 images, more than the training batch of 64
+  // (there is no validation set to grow the buffers first): the layers' output buffers
+  // grow and move. Replaying the captured steps afterwards would write freed memory.
+  const mf::data::Dataset train = synthetic(401, 4);
+  const Tensor images = Tensor::zeros({300, 28, 28, 1});
+  FitOptions o;
+  o.epochs = 3;
+  o.batch_size = 64;
+  o.seed = 6;
+  Sequential graphed = gpu_model(8, DType::kF32), eager = gpu_model(8, DType::kF32);
+  std::int64_t predicted = 0;
+  mf::FitCallbacks cb;
+  cb.on_epoch_end = [&](const mf::EpochLog&) { predicted += graphed.predict(images, 300).dim(0); };
+  o.use_graph = true;
+  const History hg = graphed.fit(train, nullptr, o, cb);
+  o.use_graph = false;
+  const History he = eager.fit(train, nullptr, o);
+  EXPECT_EQ(predicted, 900);
+  EXPECT_TRUE(all_close(weights_of(graphed), weights_of(eager), kSameStepsFp32));
+  ASSERT_EQ(hg.epochs.size(), 3u);
+  for (std::size_t e = 0; e < 3; ++e)
+    EXPECT_NEAR(hg.epochs[e].loss, he.epochs[e].loss, 1e-5 * std::max(1.0, he.epochs[e].loss));
+  // Epoch 1 captures batch 64; the first predict moves the outputs, so epoch 2 warms up
+  // and captures 64 again (17 too); later predicts reuse the grown buffers.
+  const std::string info = graphed.gpu_training_info();
+  EXPECT_NE(info.find("3 captures"), std::string::npos) << info;
+}
+
 // ---- the three pipelines -------------------------------------------------------------------
 
 void check_pipelines(DType dtype, Tol tol) {
