@@ -18,6 +18,7 @@
 #include <cudnn.h>
 
 #include <algorithm>
+#include <exception>
 #include <map>
 #include <stdexcept>
 #include <string>
@@ -160,12 +161,14 @@ std::pair<void*, std::size_t> search_workspace(GpuContext& ctx) {
 // must stay FMA-only, was measured with FMA math. If no candidate reports FMA math, the
 // candidates are tried again forced to FMA. Each is set on the descriptor `conv` with the
 // math it will run in and asked its workspace size (`workspace_size(algo, &bytes)`): a
-// combination cuDNN cannot run fails there and the next candidate is tried. Returns
-// false when none is left.
+// combination cuDNN cannot run fails there and the next candidate is tried, as is one
+// whose workspace the device cannot give. Returns false when none is left (or rethrows the
+// out-of-memory error, when that is why).
 template <class Perf, class Choice, class SizeFn>
 bool choose(const std::vector<Perf>& perf, int count, bool fma_only, cudnnConvolutionDescriptor_t conv,
             SizeFn workspace_size, Choice& choice, GpuContext& ctx) {
   const std::size_t limit = conv_options().workspace_limit;
+  std::exception_ptr out_of_memory;
   for (int pass = 0; pass < (fma_only ? 2 : 1); ++pass)
     for (int i = 0; i < count; ++i) {
       const Perf& p = perf[static_cast<std::size_t>(i)];
@@ -175,14 +178,23 @@ bool choose(const std::vector<Perf>& perf, int count, bool fma_only, cudnnConvol
       MF_GPU_CHECK(cudnnSetConvolutionMathType(conv, math));
       std::size_t bytes = 0;
       if (workspace_size(p.algo, &bytes) != CUDNN_STATUS_SUCCESS || bytes > limit) continue;
+      // Reserved now, outside any graph capture (growing the workspace synchronises). Under
+      // a memory limit it may not fit: then a candidate that needs less is tried.
+      if (bytes) {
+        try {
+          ctx.workspace(bytes);
+        } catch (const OutOfMemoryError&) {
+          if (!out_of_memory) out_of_memory = std::current_exception();
+          continue;
+        }
+      }
       choice.algo = p.algo;
       choice.math = math;
       choice.workspace = bytes;
-      // Reserved now, outside any graph capture (growing the workspace synchronises).
-      if (bytes) ctx.workspace(bytes);
       choice.chosen = true;
       return true;
     }
+  if (out_of_memory) std::rethrow_exception(out_of_memory);  // the real reason none was chosen
   return false;
 }
 
