@@ -162,12 +162,14 @@ void check_conv(const ConvCase& cc, DType dtype, std::uint64_t seed) {
   const Tensor xg = to_gpu(x, dtype), dyg = to_gpu(dy, dtype);
   const Tensor y = to_host(conv.forward(xg));
   EXPECT_EQ(y.dtype(), dtype);
-  EXPECT_TRUE(all_close(y, ref.y, tol.out));
+  EXPECT_TRUE(all_close(y, ref.y, tol.out)) << conv.gpu_config();
   const auto check_dx = [&](const Tensor& dx) {
     if (with_dx) EXPECT_TRUE(all_close(to_host(dx), ref.dx, tol.dx));
     else EXPECT_FALSE(dx.defined());
   };
-  check_dx(conv.backward(dyg));
+  const Tensor dx1 = conv.backward(dyg);
+  SCOPED_TRACE(conv.gpu_config());  // a failure below names the algorithms cuDNN ran
+  check_dx(dx1);
   expect_grads(conv.weight(), conv.bias(), ref, tol, 1.0, "after one backward");
   // A second backward of the same forward: dx is overwritten, the gradients accumulate.
   check_dx(conv.backward(dyg));
