@@ -196,9 +196,16 @@ snapshot
 # ---- benchmarks ----
 stage "benchmarks"
 if [ -x "$root/scripts/bench.sh" ]; then
-  MF_BENCH_FILTER=gpu MF_BENCH_BIN_DIR="$bin" limited 420 "$root/scripts/bench.sh" --no-build "$out/bench" \
-    >"$out/bench.log" 2>&1
+  # 0.1 s per short benchmark (bench.sh's default is 0.2): what is left of the budget
+  # here is a few minutes at most.
+  MF_BENCH_MIN_TIME="${MF_BENCH_MIN_TIME:-0.1}" MF_BENCH_FILTER=gpu MF_BENCH_BIN_DIR="$bin" \
+    limited 420 "$root/scripts/bench.sh" --no-build "$out/bench" >"$out/bench.log" 2>&1
   note "bench: exit $?"
+  # Cut short by the budget, bench.sh wrote no report: one from the suites that finished.
+  if [ ! -f "$out/bench/results.md" ] && compgen -G "$out/bench/*.json" >/dev/null; then
+    timeout 30 python3 "$root/scripts/bench_report.py" "$out/bench" >>"$out/bench.log" 2>&1
+    note "bench: report of the finished suites only: exit $?"
+  fi
   errors="$(grep -c 'ERROR OCCURRED' "$out/bench.log" 2>/dev/null)"
   ((errors > 0)) && note "bench: $errors benchmarks reported ERROR OCCURRED (bench.log)"
 fi
