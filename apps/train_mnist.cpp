@@ -284,6 +284,8 @@ int main(int argc, char** argv) {
                 device_name(device), hw.c_str(), o.fp16 ? "mixed precision fp16" : "fp32",
                 static_cast<long long>(o.batch_size), static_cast<long long>(split.train.count),
                 static_cast<long long>(split.validation.count), model.optimizer()->describe().c_str());
+    if (o.device == "auto" && device == Device::kCpu)  // why not the GPU: the article's first check
+      std::printf("  (--device auto chose the CPU: %s)\n", gpu_status().reason.c_str());
     std::fflush(stdout);
 
     FitOptions fo;

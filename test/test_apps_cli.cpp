@@ -104,6 +104,22 @@ TEST(TrainMnistCli, MissingGpuGivesOneLine) {
   expect_one_line_error("--device gpu", "--device gpu", kError);
 }
 
+TEST(TrainMnistCli, AutoDevicePicksTheGpuOrSaysWhyNot) {
+  const std::string data = mnist_dir();
+  if (!fs::exists(data)) GTEST_SKIP() << "no MNIST at " << data;
+  TempDir dir;
+  const RunResult r = run(MF_TRAIN_MNIST_BIN, "--data " + data + " --quiet --limit-train 256 --epochs 1", dir);
+  ASSERT_EQ(r.status, 0) << r.err;
+  const std::string why = "(--device auto chose the CPU: " + gpu_status().reason + ")";
+  if (gpu_available()) {
+    EXPECT_NE(r.out.find("Training on gpu"), std::string::npos) << r.out;
+    EXPECT_EQ(r.out.find("--device auto chose the CPU"), std::string::npos) << r.out;
+  } else {
+    EXPECT_NE(r.out.find("Training on cpu"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find(why), std::string::npos) << r.out;
+  }
+}
+
 TEST(TrainMnistCli, BadOutputAndCheckpointPathsGiveOneLine) {
   expect_one_line_error("--save /nonexistent/dir/run.ckpt", "--save /nonexistent/dir/run.ckpt: folder", kError);
   expect_one_line_error("--plot /nonexistent/dir/p.png", "--plot /nonexistent/dir/p.png: folder", kError);
