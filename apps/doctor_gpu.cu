@@ -109,6 +109,9 @@ BurnResult gpu_burn(const BurnOptions& o,
     MF_GPU_CHECK(cudaMemcpy(da.get(), a.data(), nn * 4, cudaMemcpyHostToDevice));
     MF_GPU_CHECK(cudaMemcpy(db.get(), b.data(), nn * 4, cudaMemcpyHostToDevice));
   }
+  // A copy from pageable memory may return before its DMA has landed, and the products below
+  // run on a non-blocking stream that does not wait for it: wait here.
+  MF_GPU_CHECK(cudaDeviceSynchronize());
   DeviceBuffer<float> c(nn), c_ref(nn);
   constexpr int kBatch = 8;  // products between host checks
   DeviceBuffer<unsigned long long> counts(kBatch);

@@ -143,14 +143,17 @@ void BM_GemmGpu(benchmark::State& state, std::int64_t m, std::int64_t n, std::in
 
   one();  // warm-up: cuBLAS picks its kernel and loads it
   MF_GPU_CHECK(cudaStreamSynchronize(stream.get()));
-  // Small products take microseconds: each timed iteration enqueues `inner` of them back to
-  // back (about a millisecond of work) so that event resolution and launch gaps do not dominate.
+  // Small products take microseconds: each timed batch enqueues `inner` of them back to back
+  // (about a millisecond of work) so that event resolution and launch gaps do not dominate.
+  // KeepRunningBatch counts each product as one iteration, so the time per iteration is per
+  // product and the run stops after --benchmark_min_time of products (timing each batch as
+  // one iteration of time/inner would run `inner` times longer than that).
   const int inner = static_cast<int>(std::clamp(1e9 / gemm_flops(m, n, k), 1.0, 100.0));
   EventTimer timer(stream.get());
-  for (auto _ : state) {
+  while (state.KeepRunningBatch(inner)) {
     timer.start();
     for (int i = 0; i < inner; ++i) one();
-    state.SetIterationTime(timer.stop_seconds() / inner);
+    state.SetIterationTime(timer.stop_seconds());
   }
   state.counters["FLOP/s"] = benchmark::Counter(gemm_flops(m, n, k), benchmark::Counter::kIsIterationInvariantRate);
 #else

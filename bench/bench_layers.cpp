@@ -124,8 +124,10 @@ void BM_LossCpu(benchmark::State& state, std::int64_t batch, int threads) {
 #if MF_WITH_CUDA
 double ms_since(Clock::time_point t0) { return std::chrono::duration<double, std::milli>(Clock::now() - t0).count(); }
 
-// Launch-sized work: each timed iteration enqueues kInner calls back to back between two
-// events and reports their mean, so a few-microsecond kernel is not lost in event resolution.
+// Launch-sized work: each timed batch enqueues kInner calls back to back between two events,
+// so a few-microsecond kernel is not lost in event resolution. KeepRunningBatch counts each
+// call as one iteration: the time reported is per call, and the run lasts about
+// --benchmark_min_time.
 constexpr int kInner = 20;
 #endif
 
@@ -159,13 +161,13 @@ void BM_LayerGpu(benchmark::State& state, const LayerCase* c, std::int64_t batch
     state.counters["first_bwd_ms"] = ms_since(t0);
   }
   EventTimer timer(GpuContext::current().stream());
-  for (auto _ : state) {
+  while (state.KeepRunningBatch(kInner)) {
     timer.start();
     for (int i = 0; i < kInner; ++i) {
       if (backward) layer->backward(dy);
       else layer->forward(x);
     }
-    state.SetIterationTime(timer.stop_seconds() / kInner);
+    state.SetIterationTime(timer.stop_seconds());
   }
   set_work_counters(state, *c, batch, backward, dtype_size(dtype), out);
   state.SetLabel(layer->gpu_config());
@@ -188,10 +190,10 @@ void BM_LossGpu(benchmark::State& state, std::int64_t batch, DType dtype) {
   };
   run();
   EventTimer timer(s);
-  for (auto _ : state) {
+  while (state.KeepRunningBatch(kInner)) {
     timer.start();
     for (int i = 0; i < kInner; ++i) run();
-    state.SetIterationTime(timer.stop_seconds() / kInner);
+    state.SetIterationTime(timer.stop_seconds());
   }
 #else
   (void)batch, (void)dtype;

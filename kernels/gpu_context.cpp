@@ -38,6 +38,14 @@ void* GpuContext::workspace(std::size_t bytes) {
   return workspace_;
 }
 
+void GpuContext::release_workspace() {
+  if (!workspace_) return;
+  MF_GPU_CHECK(cudaStreamSynchronize(stream_));
+  DeviceAllocator::instance().deallocate(workspace_);
+  workspace_ = nullptr;
+  workspace_bytes_ = 0;
+}
+
 bool GpuContext::capturing() const {
   cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
   MF_GPU_CHECK(cudaStreamIsCapturing(stream_, &status));

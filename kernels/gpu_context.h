@@ -28,6 +28,10 @@ class GpuContext {
   // their workspace when they first meet a shape, in the eager warm-up step).
   void* workspace(std::size_t bytes);
   std::size_t workspace_size() const { return workspace_bytes_; }
+  // Frees the workspace once the stream's work is done (layers ask for their size at every
+  // call, so the next one allocates it again). For measurements that must start from a
+  // device holding nothing, such as the memory-limit benchmark.
+  void release_workspace();
 
   // True while the compute stream is being captured into a CUDA graph (also after an
   // error has invalidated that capture, until it is ended).
