@@ -326,24 +326,16 @@ struct XentExpect {
   std::vector<double> dz;
 };
 
-// Double precision; the first index of the largest non-NaN logit is the prediction, as on
-// the CPU path.
+// test_util's double-precision reference (the CPU path's rule: the first index of the largest
+// non-NaN logit is the prediction), its gradient of the mean loss scaled as the kernel's:
+// times g * n.
 XentExpect xent_reference(const std::vector<float>& z, const std::vector<std::int32_t>& labels, std::int64_t n,
                           std::int64_t k, double g) {
-  XentExpect e;
-  e.dz.resize(z.size());
-  for (std::int64_t r = 0; r < n; ++r) {
-    const float* row = z.data() + r * k;
-    std::int64_t arg = 0;
-    double m = -INFINITY;
-    for (std::int64_t j = 0; j < k; ++j)
-      if (row[j] > m) m = row[j], arg = j;
-    double s = 0.0;
-    for (std::int64_t j = 0; j < k; ++j) s += std::exp(row[j] - m);
-    e.loss += std::log(s) - (row[labels[r]] - m);
-    e.correct += arg == labels[r] ? 1.0 : 0.0;
-    for (std::int64_t j = 0; j < k; ++j) e.dz[r * k + j] = (std::exp(row[j] - m) / s - (j == labels[r])) * g;
-  }
+  Tensor lt = Tensor::empty(Shape{n}, DType::kI32);
+  std::copy(labels.begin(), labels.end(), lt.data<std::int32_t>());
+  const mf::testing::XentRef r = mf::testing::softmax_xent_ref(Tensor::from_vector(Shape{n, k}, z), lt);
+  XentExpect e{r.loss_sum, static_cast<double>(r.correct), r.dlogits};
+  for (double& d : e.dz) d *= g * static_cast<double>(n);
   return e;
 }
 
