@@ -316,9 +316,9 @@ void step_body(GpuTrainer& t, Layers& layers, Optimizer& opt, std::int64_t nb, c
     t.step_addrs.push_back(h->raw());
   }
   ensure(t.dlogits, h->shape(), h->dtype(), Device::kGpu);
-  // softmax_xent() would enqueue on the legacy default stream, outside the capture, so the
-  // launcher is called on the compute stream directly. grad_scale 1/nb: the batch's mean
-  // loss; the loss scale (FP16) is read on the device at every replay.
+  // The launcher is called on `s`, the stream this step is enqueued (or captured) on, rather
+  // than through softmax_xent(), which picks compute_stream() itself. grad_scale 1/nb: the
+  // batch's mean loss; the loss scale (FP16) is read on the device at every replay.
   launch_softmax_xent(h->raw(), t.half, yb.data<std::int32_t>(), nb, h->dim(1), t.dlogits.raw(),
                       1.0f / static_cast<float>(nb), opt.device_loss_scale(), t.stats.data<float>(), s);
   const Tensor* g = &t.dlogits;

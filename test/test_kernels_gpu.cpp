@@ -39,7 +39,7 @@ Tensor upload(const std::vector<T>& v) {
   return h.to(Device::kGpu);
 }
 
-// Waits for the compute stream (the kernels run there, the copy on the default stream).
+// Waits for the compute stream, where the kernels run (Tensor::to copies on it too).
 template <class T>
 std::vector<T> download(const Tensor& d, std::size_t count) {
   gpu_stream_synchronize(stream());
