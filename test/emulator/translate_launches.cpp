@@ -1,0 +1,106 @@
+// translate_launches.cpp: turns a .cu file into plain C++ for the CPU emulation of CUDA
+// (cuda_emulator.h). The only CUDA syntax a C++ compiler cannot parse is the launch,
+//
+//   kernel<T, 4><<<blocks, threads, 0, stream>>>(a, b, c);
+//
+// which becomes
+//
+//   mf::emulator::launch(dim3(blocks), dim3(threads), [=] { kernel<T, 4>(a, b, c); });
+//
+// Everything else is copied as it is, newlines included, so the compiler's line numbers
+// still point into the .cu file (a #line directive names it).
+//
+//   translate_launches IN.cu OUT.cpp
+#include <cctype>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace {
+
+bool opens(char c) { return c == '(' || c == '<' || c == '[' || c == '{'; }
+bool closes(char c) { return c == ')' || c == '>' || c == ']' || c == '}'; }
+
+// Splits "a, f(b, c), d" at the commas outside brackets.
+std::vector<std::string> split_top_level(const std::string& s) {
+  std::vector<std::string> parts(1);
+  int depth = 0;
+  for (char c : s) {
+    if (opens(c)) ++depth;
+    if (closes(c)) --depth;
+    if (c == ',' && depth == 0)
+      parts.emplace_back();
+    else
+      parts.back() += c;
+  }
+  return parts;
+}
+
+// Index of the bracket that closes the one at `open` (same kind, nesting counted).
+std::size_t matching(const std::string& s, std::size_t open, char o, char c) {
+  int depth = 0;
+  for (std::size_t i = open; i < s.size(); ++i) {
+    if (s[i] == o) ++depth;
+    if (s[i] == c && --depth == 0) return i;
+  }
+  throw std::runtime_error("unbalanced '" + std::string(1, o) + "'");
+}
+
+std::string translate(std::string s) {
+  for (std::size_t at; (at = s.find("<<<")) != std::string::npos;) {
+    // The kernel's name ends right before "<<<": skip back over template arguments, then
+    // over the (possibly qualified) identifier.
+    std::size_t begin = at;
+    if (s[begin - 1] == '>') {
+      int depth = 0;
+      do {
+        --begin;
+        if (s[begin] == '>') ++depth;
+        if (s[begin] == '<') --depth;
+      } while (depth > 0);
+    }
+    while (begin > 0 && (std::isalnum(static_cast<unsigned char>(s[begin - 1])) || s[begin - 1] == '_' || s[begin - 1] == ':'))
+      --begin;
+    const std::string kernel = s.substr(begin, at - begin);
+    const std::size_t cfg_end = s.find(">>>", at);
+    if (cfg_end == std::string::npos || s[cfg_end + 3] != '(') throw std::runtime_error("launch of " + kernel + ": no '>>>('");
+    const std::vector<std::string> cfg = split_top_level(s.substr(at + 3, cfg_end - at - 3));
+    if (cfg.size() < 2) throw std::runtime_error("launch of " + kernel + ": needs blocks and threads");
+    // cfg[2] (dynamic shared memory) is not emulated: refuse a launch that asks for it.
+    if (cfg.size() > 2 && cfg[2].find_first_not_of(" \t\n0") != std::string::npos)
+      throw std::runtime_error("launch of " + kernel + ": dynamic shared memory is not emulated");
+    const std::size_t args_end = matching(s, cfg_end + 3, '(', ')');
+    const std::string args = s.substr(cfg_end + 4, args_end - cfg_end - 4);
+    const std::string call = "::mf::emulator::launch(dim3(" + cfg[0] + "), dim3(" + cfg[1] + "), [=] { " + kernel +
+                             "(" + args + "); })";
+    s = s.substr(0, begin) + call + s.substr(args_end + 1);
+  }
+  return s;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc != 3) {
+    std::cerr << "usage: translate_launches IN.cu OUT.cpp\n";
+    return 2;
+  }
+  try {
+    std::ifstream in(argv[1], std::ios::binary);
+    if (!in) throw std::runtime_error("cannot read it");
+    std::ostringstream text;
+    text << in.rdbuf();
+    std::ofstream out(argv[2], std::ios::binary);
+    out << "// Generated from " << argv[1] << " by translate_launches: do not edit.\n"
+        << "#line 1 \"" << argv[1] << "\"\n"
+        << translate(text.str());
+    if (!out) throw std::runtime_error(std::string("cannot write ") + argv[2]);
+  } catch (const std::exception& e) {
+    std::cerr << "translate_launches: " << argv[1] << ": " << e.what() << "\n";
+    return 1;
+  }
+  return 0;
+}
