@@ -283,7 +283,11 @@ void begin_fit(GpuTrainer& t, const FitOptions& o, DType dtype, const data::Data
         t.consumed[k] = make_event(false);
       }
     }
-    MF_GPU_CHECK(cudaStreamSynchronize(t.copy_stream.get()));  // no copy of an earlier fit still reads them
+    // No copy of an earlier fit still reads the buffers below, and no kernel still reads the
+    // staging buffers (a fit that ended by an exception may leave work queued): a block freed
+    // here can go straight to a buffer the copy stream writes, outside the compute stream's order.
+    MF_GPU_CHECK(cudaStreamSynchronize(t.copy_stream.get()));
+    MF_GPU_CHECK(cudaStreamSynchronize(compute_stream()));
     for (int k = 0; k < kPrefetchSlots; ++k) {
       const std::size_t bytes = static_cast<std::size_t>(t.batch * t.sample);
       if (t.host_images[k].bytes() < bytes) t.host_images[k] = PinnedBuffer(bytes);
