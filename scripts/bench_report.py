@@ -765,7 +765,8 @@ def report(out_dir, more_dirs=()):
     md.append("Memory of one training step: `activations` = the layers' outputs (kept for backward) by "
               "arithmetic; `step allocations` = what the caching allocator handed out during the first step "
               "beyond the model, optimizer state and input (outputs, input gradients, pooling argmax, loss "
-              "gradient, and the shared cuDNN workspace when it grew).\n")
+              "gradient); the shared cuDNN workspace is grown to its limit before the step, so neither "
+              "side counts it.\n")
     rows = []
     mem_ratio = None
     for b in (64, 1024, 4096):
