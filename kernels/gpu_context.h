@@ -1,6 +1,7 @@
 // gpu_context.h: the per-process GPU context the layers run in: the compute stream, the
-// cuBLAS and cuDNN handles bound to it, and one workspace shared by all cuDNN calls,
-// grown to the largest size an algorithm asks for (before any graph capture).
+// cuBLAS and cuDNN handles bound to it, and one workspace shared by all cuDNN calls. It only
+// grows (before any graph capture): to the --workspace-mb limit when cuDNN times algorithms
+// (cudnnFind*), else to the largest size a chosen algorithm needs; release_workspace() frees it.
 #pragma once
 #include <cublas_v2.h>
 #include <cuda_runtime.h>

@@ -79,7 +79,7 @@ const char* math_name(cudnnMathType_t m) {
     case CUDNN_TENSOR_OP_MATH: return "Tensor Core";
     case CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION: return "Tensor Core, converting";
     case CUDNN_FMA_MATH: return "FMA";
-    default: return "default math";
+    default: return "default math: TF32 allowed in f32";
   }
 }
 
