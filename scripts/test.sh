@@ -14,8 +14,8 @@ if [ "${1:-}" = "--sanitize" ]; then
   MF_BUILD_DIR="$root/build-asan" MF_CMAKE_ARGS="-DMF_WITH_CUDA=OFF -DMF_SANITIZE=ON -DMF_BUILD_BENCH=OFF -DMF_CPU_ARCH=" \
     "$root/scripts/setup.sh"
   # Not the GPU suites (KernelsGpu.*, TrainGpu.*, ...: skipped anyway) nor the 5-epoch
-  # trainings; the emulated kernel tests (Emulated.KernelsGpu.*) do run, so AddressSanitizer
-  # checks every access of the CUDA kernels too.
+  # trainings; the emulated GPU tests (Emulated.*) do run, so AddressSanitizer checks every
+  # access of the CUDA kernels and of the layers' GPU code too.
   ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
     ctest --test-dir "$root/build-asan" --output-on-failure -j "$(nproc)" -E '^[A-Za-z]+Gpu[.]|TrainMnistFull'
 fi

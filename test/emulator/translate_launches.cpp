@@ -5,7 +5,7 @@
 //
 // which becomes
 //
-//   mf::emulator::launch(dim3(blocks), dim3(threads), [=] { kernel<T, 4>(a, b, c); });
+//   mf::emulator::launch(stream, dim3(blocks), dim3(threads), [=] { kernel<T, 4>(a, b, c); });
 //
 // Everything else is copied as it is, newlines included, so the compiler's line numbers
 // still point into the .cu file (a #line directive names it).
@@ -74,8 +74,9 @@ std::string translate(std::string s) {
       throw std::runtime_error("launch of " + kernel + ": dynamic shared memory is not emulated");
     const std::size_t args_end = matching(s, cfg_end + 3, '(', ')');
     const std::string args = s.substr(cfg_end + 4, args_end - cfg_end - 4);
-    const std::string call = "::mf::emulator::launch(dim3(" + cfg[0] + "), dim3(" + cfg[1] + "), [=] { " + kernel +
-                             "(" + args + "); })";
+    const std::string stream = cfg.size() > 3 ? cfg[3] : "nullptr";  // none: the legacy default stream
+    const std::string call = "::mf::emulator::launch(" + stream + ", dim3(" + cfg[0] + "), dim3(" + cfg[1] +
+                             "), [=] { " + kernel + "(" + args + "); })";
     s = s.substr(0, begin) + call + s.substr(args_end + 1);
   }
   return s;

@@ -1,0 +1,31 @@
+// streams.h: how the CPU emulation of CUDA runs work queued on a stream. Kernel launches
+// (cuda_emulator.h), copies and memsets (fake_cudart.cpp), GEMMs (fake_cublas.cpp) and
+// convolutions (fake_cudnn.cpp) all go through enqueue(): the work runs at once, on the
+// calling thread, unless the stream is being captured into a CUDA graph, in which case it is
+// recorded and runs when the graph is launched.
+//
+// Running at once is one of the orders a GPU may run the work in: everything queued on a
+// stream earlier has finished, and so has everything an event that the stream waits on
+// stands for. What it cannot show is a missing wait between two streams: here the work of
+// the other stream has always finished already.
+#pragma once
+#include <functional>
+
+struct CUstream_st;  // cudaStream_t is CUstream_st*, in the real headers and in cuda_emulator.h
+
+namespace mf::emulator {
+
+// Runs `work` now, or appends it to the graph `stream` is being captured into. False when
+// that capture has been invalidated (the work is dropped, as CUDA drops it).
+bool enqueue(CUstream_st* stream, std::function<void()> work);
+
+// True while `stream` is being captured (also after the capture was invalidated, until it
+// is ended), as cudaStreamIsCapturing reports.
+bool capturing(CUstream_st* stream);
+
+// For a call that waits for the work on `stream` (cudnnFind*, a blocking copy): true when
+// it may. False when the stream is being captured, which CUDA forbids: the capture is then
+// invalidated, as CUDA does.
+bool may_synchronize(CUstream_st* stream);
+
+}  // namespace mf::emulator
