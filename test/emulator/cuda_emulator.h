@@ -8,14 +8,16 @@
 // shuffle really exchanges values between the 32 threads of a warp. __shared__ becomes
 // `static`: one copy per kernel instantiation, which is per block since blocks run in turn.
 // When no thread of block 0 synchronised (an element-wise kernel), the later blocks' threads
-// run one after another on one thread instead: the same results, a hundred times faster.
+// run one after another on one thread instead: the same results without a thread switch
+// per emulated thread. A launch is queued on its stream (streams.h): it runs at once, or
+// when the CUDA graph it was captured into is launched.
 //
 // What it checks: indexing, grid-stride loops, reductions, barriers, shuffles, the f16
 // conversions bit for bit (round to nearest even, NaNs made canonical as the hardware does),
 // and, under AddressSanitizer, every access against the exact bytes allocated.
 // What it cannot: speed, the memory model (threads here see each other's writes sooner
 // than a GPU guarantees), fused multiply-adds the GPU compiler may form (tolerances in the
-// tests allow for them), and anything of cuDNN or cuBLAS.
+// tests allow for them). cuDNN and cuBLAS are fake_cudnn.cpp and fake_cublas.cpp.
 #pragma once
 #include <pthread.h>
 
