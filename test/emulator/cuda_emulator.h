@@ -48,10 +48,9 @@ inline cudaError_t cudaGetDevice(int* device) {
   *device = 0;
   return cudaSuccess;
 }
-// The kernels size some grids by the number of SMs; 8 keeps the emulation quick while still
-// giving multi-block reductions several blocks to combine.
+// The kernels size some grids by the number of SMs (streams.h says why this many).
 inline cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr, int) {
-  *value = 8;
+  *value = mf::emulator::kMultiProcessorCount;
   return cudaSuccess;
 }
 // Queued on the stream like a launch (streams.h): it runs now, or when a captured graph runs.

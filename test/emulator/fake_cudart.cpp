@@ -228,7 +228,7 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int d) {
   std::strncpy(prop->name, "CPU emulation of CUDA", sizeof prop->name - 1);
   prop->major = 9;
   prop->minor = 0;
-  prop->multiProcessorCount = 8;  // as cuda_emulator.h tells the kernels
+  prop->multiProcessorCount = mf::emulator::kMultiProcessorCount;
   prop->totalGlobalMem = kDeviceBytes;
   prop->warpSize = 32;
   prop->maxThreadsPerBlock = 1024;
@@ -237,7 +237,7 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int d) {
 cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int d) {
   if (d != 0) return fail(cudaErrorInvalidDevice);
   switch (attr) {
-    case cudaDevAttrMultiProcessorCount: *value = 8; return cudaSuccess;
+    case cudaDevAttrMultiProcessorCount: *value = mf::emulator::kMultiProcessorCount; return cudaSuccess;
     case cudaDevAttrComputeCapabilityMajor: *value = 9; return cudaSuccess;
     case cudaDevAttrComputeCapabilityMinor: *value = 0; return cudaSuccess;
     case cudaDevAttrMaxThreadsPerBlock: *value = 1024; return cudaSuccess;

@@ -15,6 +15,11 @@ struct CUstream_st;  // cudaStream_t is CUstream_st*, in the real headers and in
 
 namespace mf::emulator {
 
+// The SM count the emulated device reports (cudaDeviceGetAttribute, cudaGetDeviceProperties).
+// The kernels size some grids by it; 8 keeps the emulation quick while still giving
+// multi-block reductions several blocks to combine.
+constexpr int kMultiProcessorCount = 8;
+
 // Runs `work` now, or appends it to the graph `stream` is being captured into. False when
 // that capture has been invalidated (the work is dropped, as CUDA drops it).
 bool enqueue(CUstream_st* stream, std::function<void()> work);
