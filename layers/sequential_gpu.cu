@@ -387,6 +387,9 @@ void run_step(GpuTrainer& t, Layers& layers, Optimizer& opt, std::int64_t nb, cu
     MF_GPU_CHECK(cudaGraphInstantiate(&exec, raw, 0));
     owned.reset(exec);
   } catch (const GpuError& e) {
+    // The failed call also left its error for the next cudaGetLastError, which would be
+    // the launch check of the eager step's first kernel: take it now, it is handled.
+    (void)cudaGetLastError();
     t.capture_error = e.what();
     std::fprintf(stderr, "microflow: warning: the training step could not be captured as a CUDA graph (%s); "
                          "running it eagerly\n", e.what());

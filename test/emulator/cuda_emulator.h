@@ -41,8 +41,10 @@
 // ---- the runtime calls kernels/*.cu make ----
 struct CUstream_st;
 using cudaStream_t = CUstream_st*;
-enum cudaError_t { cudaSuccess = 0 };
-inline cudaError_t cudaGetLastError() { return cudaSuccess; }  // a bad launch throws instead
+enum cudaError_t : int { cudaSuccess = 0 };
+// A bad launch throws from the launch itself; what this reports is an error that an
+// emulated runtime call (fake_cudart.cpp) left behind, as CUDA's does.
+inline cudaError_t cudaGetLastError() { return static_cast<cudaError_t>(mf::emulator::take_last_error()); }
 enum cudaDeviceAttr { cudaDevAttrMultiProcessorCount };
 inline cudaError_t cudaGetDevice(int* device) {
   *device = 0;

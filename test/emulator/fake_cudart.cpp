@@ -22,6 +22,7 @@
 // event's time is the host clock), more than one device.
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -101,6 +102,8 @@ cudaError_t fail(cudaError_t e) {
   return e;
 }
 
+std::atomic<bool> fail_instantiate{false};  // fail_next_graph_instantiate()
+
 // The capture the calling thread is making in a mode that forbids it unsafe calls
 // (Global or ThreadLocal: ours), or null. Caller holds mu().
 Capture* strict_capture_of_this_thread() {
@@ -172,13 +175,17 @@ bool may_synchronize(CUstream_st* stream) {
   return !refuse_unsafe_call();
 }
 
+int take_last_error() { return std::exchange(last_error, cudaSuccess); }
+
+void fail_next_graph_instantiate() { fail_instantiate = true; }
+
 }  // namespace mf::emulator
 
 extern "C" {
 
 // ---- errors, versions, devices ----
 
-cudaError_t cudaGetLastError() { return std::exchange(last_error, cudaSuccess); }
+cudaError_t cudaGetLastError() { return static_cast<cudaError_t>(mf::emulator::take_last_error()); }
 cudaError_t cudaPeekAtLastError() { return last_error; }
 
 const char* cudaGetErrorString(cudaError_t e) {
@@ -463,7 +470,7 @@ cudaError_t cudaGraphGetNodes(cudaGraph_t g, cudaGraphNode_t* nodes, std::size_t
   return cudaSuccess;
 }
 cudaError_t cudaGraphInstantiate(cudaGraphExec_t* exec, cudaGraph_t g, unsigned long long) {
-  if (!g) return fail(cudaErrorInvalidValue);
+  if (!g || fail_instantiate.exchange(false)) return fail(cudaErrorInvalidValue);
   *exec = new CUgraphExec_st{g->work};
   return cudaSuccess;
 }

@@ -33,4 +33,14 @@ bool capturing(CUstream_st* stream);
 // invalidated, as CUDA does.
 bool may_synchronize(CUstream_st* stream);
 
+// The error of the last emulated runtime call that failed on this thread, taken and reset
+// to 0 as cudaGetLastError takes it. The kernels' launch checks (cuda_emulator.h) read it
+// too, so an error that a failed call left behind surfaces at the next launch, as on a GPU.
+int take_last_error();
+
+// For tests of how our code meets a refusal: the next cudaGraphInstantiate fails with
+// cudaErrorInvalidValue (and leaves that error behind), as the real one may for a graph it
+// cannot run.
+void fail_next_graph_instantiate();
+
 }  // namespace mf::emulator
