@@ -320,11 +320,13 @@ int main(int argc, char** argv) {
     const History h = model.fit(split.train, split.validation.count ? &split.validation : nullptr, fo, cb);
     if (h.interrupted) {
       std::printf("\nInterrupted after %d complete epoch(s).\n", h.completed_epochs);
-      // The interrupted epoch's weights are saved, marked as not done: resuming reruns it.
-      save(h.completed_epochs, true);
+      // Stopped inside an epoch: its weights are saved, marked as not done, and resuming
+      // reruns it. Stopped at an epoch's last step: that epoch finished and is saved as done.
+      const bool mid_epoch = h.ended_mid_epoch();
+      save(h.completed_epochs, mid_epoch);
       if (!o.save.empty())
-        std::printf("Saved %s; continue with --resume %s (epoch %d restarts).\n", o.save.c_str(), o.save.c_str(),
-                    h.completed_epochs + 1);
+        std::printf("Saved %s; continue with --resume %s (epoch %d %s).\n", o.save.c_str(), o.save.c_str(),
+                    h.completed_epochs + 1, mid_epoch ? "restarts" : "is next");
     } else {
       // Every finished epoch was saved as it ended; this covers a resumed run with nothing
       // left to train saved under another name (keeping the saved epoch's state).

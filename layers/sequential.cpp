@@ -273,15 +273,15 @@ History Sequential::fit_cpu(const data::Dataset& train, const data::Dataset* val
     log.accuracy = s[kStatCorrect] / s[kStatCount];
     log.val_loss = log.val_accuracy = std::numeric_limits<double>::quiet_NaN();
     log.loss_scale = 1.0;
-    if (!finish_epoch(log, history, validation, callbacks)) break;
+    if (!finish_epoch(log, step == steps, history, validation, callbacks)) break;
   }
   set_training(true);
   return history;
 }
 
-bool Sequential::finish_epoch(EpochLog& log, History& history, const data::Dataset* validation,
+bool Sequential::finish_epoch(EpochLog& log, bool complete, History& history, const data::Dataset* validation,
                               const FitCallbacks& callbacks) {
-  if (history.interrupted) {  // a partial epoch: logged, not validated, not counted as done
+  if (!complete) {  // cut short by a stop request: logged, not validated, not counted as done
     history.epochs.push_back(log);
     return false;
   }
@@ -293,7 +293,7 @@ bool Sequential::finish_epoch(EpochLog& log, History& history, const data::Datas
   history.epochs.push_back(log);
   history.completed_epochs = log.epoch + 1;
   if (callbacks.on_epoch_end) callbacks.on_epoch_end(log);
-  return true;
+  return !history.interrupted;
 }
 
 EvalResult Sequential::evaluate(const data::Dataset& d, std::int64_t batch_size) {

@@ -61,6 +61,10 @@ struct History {
   std::vector<EpochLog> epochs;
   bool interrupted = false;  // should_stop() asked to stop; the last epoch may be partial
   int completed_epochs = 0;  // epochs fully trained (including initial_epoch)
+
+  // Stopped inside an epoch: the last of `epochs` is that epoch, cut short and not counted
+  // in completed_epochs. False when the stop came at an epoch's last step.
+  bool ended_mid_epoch() const { return interrupted && !epochs.empty() && epochs.back().epoch == completed_epochs; }
 };
 
 struct EvalResult {
@@ -137,9 +141,12 @@ class Sequential {
   History fit_gpu(const data::Dataset& train, const data::Dataset* validation, const FitOptions& options,
                   const FitCallbacks& callbacks);
   EvalResult evaluate_gpu(const data::Dataset& d, std::int64_t batch_size);
-  // The end of an epoch, for both loops: validation, the log, the callback. Returns false
-  // (after logging the partial epoch) when training was interrupted.
-  bool finish_epoch(EpochLog& log, History& history, const data::Dataset* validation, const FitCallbacks& callbacks);
+  // The end of an epoch, for both loops. A complete epoch (all its steps ran) is validated,
+  // logged, counted as done and reported to on_epoch_end; one cut short by a stop request is
+  // only logged. Returns false when training stops: after a stop request, which at an
+  // epoch's last step comes after that epoch is finished as usual.
+  bool finish_epoch(EpochLog& log, bool complete, History& history, const data::Dataset* validation,
+                    const FitCallbacks& callbacks);
   // After the layers ran on the GPU outside a training step (forward, backward or
   // evaluate, from a callback during a fit, say): `addrs` are the buffers they wrote, in
   // the order a step records them from position `first` (forward outputs, then input

@@ -650,10 +650,10 @@ History Sequential::fit_gpu(const data::Dataset& train, const data::Dataset* val
       skipped += opt.take_skipped_steps();
       log.loss_scale = opt.loss_scale();
       log.skipped_steps = skipped;
-      check_loss_scale(log.loss_scale, opt.min_loss_scale(), skipped, step, epoch, !history.interrupted);
+      check_loss_scale(log.loss_scale, opt.min_loss_scale(), skipped, step, epoch, step == steps);
     }
     if (!std::isfinite(st.loss_sum)) throw_non_finite(st.loss_sum, half, epoch, checked, step);
-    if (!finish_epoch(log, history, validation, callbacks)) break;
+    if (!finish_epoch(log, step == steps, history, validation, callbacks)) break;
   }
   set_training(true);
   return history;

@@ -440,8 +440,47 @@ TEST(ModelCpu, ShouldStopInterruptsAfterOneStep) {
   EXPECT_EQ(h.epochs[0].steps, 1);
   EXPECT_EQ(h.epochs[0].samples, 16);
   EXPECT_EQ(h.completed_epochs, 0);
+  EXPECT_TRUE(h.ended_mid_epoch());
   EXPECT_EQ(epoch_ends, 0) << "an interrupted epoch is not reported as ended";
   EXPECT_EQ(m.optimizer()->iterations(), 1);
+}
+
+TEST(ModelCpu, ShouldStopAtAnEpochsLastStepFinishesThatEpoch) {
+  mf::Rng rng(13);
+  Sequential m = Sequential::mnist_cnn(rng);
+  m.compile(std::make_unique<mf::Adam>());
+  const Dataset train = synthetic(64, 28, 28, 14), val = synthetic(20, 28, 28, 15);
+  mf::FitOptions o;
+  o.epochs = 3;
+  o.batch_size = 16;  // 4 steps an epoch
+  int epoch_ends = 0, asked = 0;
+  mf::FitCallbacks cb;
+  cb.should_stop = [&] { return ++asked == 4; };
+  cb.on_epoch_end = [&](const mf::EpochLog&) { ++epoch_ends; };
+  const mf::History h = m.fit(train, &val, o, cb);
+  EXPECT_TRUE(h.interrupted);
+  EXPECT_FALSE(h.ended_mid_epoch());
+  EXPECT_EQ(asked, 4) << "no step of the next epoch runs";
+  ASSERT_EQ(h.epochs.size(), 1u);
+  EXPECT_EQ(h.epochs[0].steps, 4);
+  EXPECT_EQ(h.completed_epochs, 1) << "all of the epoch's steps ran: it is done";
+  EXPECT_EQ(epoch_ends, 1) << "and reported as ended (train_mnist saves it there)";
+  EXPECT_FALSE(std::isnan(h.epochs[0].val_loss)) << "and validated";
+  EXPECT_EQ(m.optimizer()->iterations(), 4);
+
+  // One step earlier, the epoch is cut short: logged, not done, not reported.
+  mf::Rng rng2(13);
+  Sequential m2 = Sequential::mnist_cnn(rng2);
+  m2.compile(std::make_unique<mf::Adam>());
+  asked = epoch_ends = 0;
+  cb.should_stop = [&] { return ++asked == 3; };
+  const mf::History h2 = m2.fit(train, &val, o, cb);
+  EXPECT_TRUE(h2.ended_mid_epoch());
+  ASSERT_EQ(h2.epochs.size(), 1u);
+  EXPECT_EQ(h2.epochs[0].steps, 3);
+  EXPECT_EQ(h2.completed_epochs, 0);
+  EXPECT_EQ(epoch_ends, 0);
+  EXPECT_TRUE(std::isnan(h2.epochs[0].val_loss));
 }
 
 TEST(ModelCpu, InitialEpochResumes) {

@@ -260,7 +260,29 @@ TEST(TrainGpu, StopRequestEndsTheEpochAfterThatStep) {
     ASSERT_EQ(h.epochs.size(), 1u);
     EXPECT_EQ(h.epochs[0].steps, 3);
     EXPECT_EQ(h.epochs[0].samples, 3 * 64);
+    EXPECT_TRUE(h.ended_mid_epoch());
   }
+}
+
+TEST(TrainGpu, StopRequestAtAnEpochsLastStepFinishesThatEpoch) {
+  MF_SKIP_WITHOUT_GPU();
+  const mf::data::Dataset train = synthetic(640, 4), val = synthetic(100, 6);  // 10 steps an epoch
+  Sequential m = gpu_model(17, DType::kF32);
+  FitOptions o;
+  o.epochs = 2;
+  int calls = 0, epoch_ends = 0;
+  mf::FitCallbacks cb;
+  cb.should_stop = [&] { return ++calls == 10; };
+  cb.on_epoch_end = [&](const mf::EpochLog&) { ++epoch_ends; };
+  const History h = m.fit(train, &val, o, cb);
+  EXPECT_TRUE(h.interrupted);
+  EXPECT_FALSE(h.ended_mid_epoch());
+  EXPECT_EQ(calls, 10) << "no step of the next epoch runs";
+  EXPECT_EQ(h.completed_epochs, 1);
+  ASSERT_EQ(h.epochs.size(), 1u);
+  EXPECT_EQ(h.epochs[0].steps, 10);
+  EXPECT_EQ(epoch_ends, 1);
+  EXPECT_FALSE(std::isnan(h.epochs[0].val_loss));
 }
 
 TEST(TrainGpu, ProgressReportsRunningMeans) {
