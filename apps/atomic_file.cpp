@@ -26,14 +26,31 @@ std::string parent_dir(const std::string& path) {
 
 }  // namespace
 
+std::string atomic_temp_name(const std::string& path, int attempt) {
+  const std::string first = path + ".tmp." + std::to_string(::getpid());
+  return attempt == 0 ? first : first + "." + std::to_string(attempt);
+}
+
 void write_bytes_atomic(const std::string& path, const void* data, std::size_t size) {
   if (path.empty()) throw std::runtime_error("write: empty file name");
   struct stat st {};
   if (::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode))
     throw std::runtime_error(path + ": is a folder, not a file");
-  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) throw std::runtime_error(error_text(path, "cannot create " + tmp, errno));
+  // A fresh file only: O_EXCL fails (EEXIST) on any existing name, a symlink included, so
+  // nothing outside this file is ever opened or truncated; O_NOFOLLOW says the same twice.
+  // A name that is taken is somebody's: try the next one rather than remove it.
+  std::string tmp;
+  int fd = -1;
+  for (int attempt = 0; attempt < kAtomicTempAttempts && fd < 0; ++attempt) {
+    tmp = atomic_temp_name(path, attempt);
+    fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+    if (fd < 0 && errno != EEXIST) throw std::runtime_error(error_text(path, "cannot create " + tmp, errno));
+  }
+  if (fd < 0)
+    throw std::runtime_error(error_text(path, "cannot create a temporary file (" + atomic_temp_name(path, 0) +
+                                                  " and the next " + std::to_string(kAtomicTempAttempts - 1) +
+                                                  " names are taken)",
+                                        EEXIST));
   auto fail = [&](const std::string& what) {
     const int err = errno;
     ::close(fd);

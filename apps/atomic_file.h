@@ -7,12 +7,20 @@ namespace mf::apps {
 
 // Writes `size` bytes to `path` so that a reader sees either the old file or the whole new
 // one, never a mix, even if the process or the machine dies half way:
-//   1. a temporary file "<path>.tmp.<pid>" in the SAME folder (rename is only atomic within
-//      one file system), 2. write everything, fsync it (the data reach the disk before the
-//      name does), 3. rename() over the target, 4. fsync the folder (the rename itself).
+//   1. a NEW temporary file in the SAME folder (rename is only atomic within one file
+//      system), 2. write everything, fsync it (the data reach the disk before the name
+//      does), 3. rename() over the target, 4. fsync the folder (the rename itself).
+// The temporary file is created with O_EXCL | O_NOFOLLOW: whatever already has its name (a
+// stale file, or a symlink someone planted in a shared folder to get its target truncated)
+// is left alone and the next name is tried, up to kAtomicTempAttempts names.
 // On any failure the temporary file is removed, the old `path` is left as it was, and
 // std::runtime_error says "<path>: <what failed>: <strerror>".
 void write_bytes_atomic(const std::string& path, const void* data, std::size_t size);
+
+// The temporary names write_bytes_atomic tries, in order: "<path>.tmp.<pid>" (attempt 0),
+// then "<path>.tmp.<pid>.<attempt>" for attempt 1 .. kAtomicTempAttempts - 1.
+constexpr int kAtomicTempAttempts = 8;
+std::string atomic_temp_name(const std::string& path, int attempt);
 
 // Reads a whole file. Throws std::runtime_error "<path>: <why>" if it cannot be opened or
 // read, or is larger than `max_bytes` (a guard against reading a disk image by mistake).

@@ -7,6 +7,8 @@
 #include <cstdlib>
 #include <sstream>
 
+#include "apps/common.h"
+
 namespace mf::apps {
 
 namespace {
@@ -15,7 +17,22 @@ std::string fmt_double(double v) {
   std::snprintf(b, sizeof b, "%g", v);
   return b;
 }
+// The ranges as the errors and range_text() word them, written in one place.
+std::string int_range_text(std::int64_t lo, std::int64_t hi) {
+  return "between " + std::to_string(lo) + " and " + std::to_string(hi);
+}
+std::string double_range_text(double lo, double hi, bool hi_inclusive) {
+  return "in [" + fmt_double(lo) + ", " + fmt_double(hi) + (hi_inclusive ? "]" : ")");
+}
+bool double_in_range(double x, double lo, double hi, bool hi_inclusive) {
+  // Written so that NaN, which compares false with everything, is outside.
+  return std::isfinite(x) && x >= lo && (hi_inclusive ? x <= hi : x < hi);
+}
 }  // namespace
+
+// Every message goes through one_line here, so all three programs print flag errors on one
+// line whatever the user typed into a value or a flag name.
+FlagError::FlagError(const std::string& message) : std::runtime_error(one_line(message)) {}
 
 void Flags::add_bool(const std::string& name, bool* target, const std::string& help) {
   specs_[name] = {false, help, "", [target](const std::string&) { *target = true; }};
@@ -42,39 +59,71 @@ void Flags::add_string(const std::string& name, std::string* target, const std::
                     }
                     *target = v;
                   }};
+  specs_[name].kind = Kind::kString;
   order_.push_back(name);
 }
 
 void Flags::add_int(const std::string& name, std::int64_t* target, std::int64_t lo, std::int64_t hi,
                     const std::string& help) {
-  specs_[name] = {true, help, std::to_string(*target), [name, target, lo, hi](const std::string& v) {
-                    errno = 0;
-                    char* end = nullptr;
-                    const long long x = std::strtoll(v.c_str(), &end, 10);
-                    if (v.empty() || *end != '\0' || errno == ERANGE)
-                      throw FlagError("--" + name + " expects a whole number, got '" + v + "'");
-                    if (x < lo || x > hi)
-                      throw FlagError("--" + name + " must be between " + std::to_string(lo) + " and " +
-                                      std::to_string(hi) + ", got " + v);
-                    *target = x;
-                  }};
+  Spec spec{true, help, std::to_string(*target), [name, target, lo, hi](const std::string& v) {
+               errno = 0;
+               char* end = nullptr;
+               const long long x = std::strtoll(v.c_str(), &end, 10);
+               if (v.empty() || *end != '\0' || errno == ERANGE)
+                 throw FlagError("--" + name + " expects a whole number, got '" + v + "'");
+               if (x < lo || x > hi) throw FlagError("--" + name + " must be " + int_range_text(lo, hi) + ", got " + v);
+               *target = x;
+             }};
+  spec.kind = Kind::kInt;
+  spec.int_lo = lo;
+  spec.int_hi = hi;
+  specs_[name] = std::move(spec);
   order_.push_back(name);
 }
 
 void Flags::add_double(const std::string& name, double* target, double lo, double hi, const std::string& help,
                        bool hi_inclusive) {
-  specs_[name] = {true, help, fmt_double(*target), [=](const std::string& v) {
-                    errno = 0;
-                    char* end = nullptr;
-                    const double x = std::strtod(v.c_str(), &end);
-                    if (v.empty() || *end != '\0' || errno == ERANGE || !std::isfinite(x))
-                      throw FlagError("--" + name + " expects a number, got '" + v + "'");
-                    if (x < lo || (hi_inclusive ? x > hi : x >= hi))
-                      throw FlagError("--" + name + " must be in [" + fmt_double(lo) + ", " + fmt_double(hi) +
-                                      (hi_inclusive ? "]" : ")") + ", got " + v);
-                    *target = x;
-                  }};
+  Spec spec{true, help, fmt_double(*target), [=](const std::string& v) {
+               errno = 0;
+               char* end = nullptr;
+               const double x = std::strtod(v.c_str(), &end);
+               if (v.empty() || *end != '\0' || errno == ERANGE || !std::isfinite(x))
+                 throw FlagError("--" + name + " expects a number, got '" + v + "'");
+               if (!double_in_range(x, lo, hi, hi_inclusive))
+                 throw FlagError("--" + name + " must be " + double_range_text(lo, hi, hi_inclusive) + ", got " + v);
+               *target = x;
+             }};
+  spec.kind = Kind::kDouble;
+  spec.lo = lo;
+  spec.hi = hi;
+  spec.hi_inclusive = hi_inclusive;
+  specs_[name] = std::move(spec);
   order_.push_back(name);
+}
+
+const Flags::Spec& Flags::spec_of(const std::string& name, Kind kind) const {
+  const auto it = specs_.find(name);
+  if (it == specs_.end() || it->second.kind != kind)
+    throw std::logic_error("Flags: --" + name + " is not " + (kind == Kind::kInt ? "an int" : "a double") + " flag");
+  return it->second;
+}
+
+bool Flags::accepts(const std::string& name, std::int64_t value) const {
+  const Spec& s = spec_of(name, Kind::kInt);
+  return value >= s.int_lo && value <= s.int_hi;
+}
+
+bool Flags::accepts(const std::string& name, double value) const {
+  const Spec& s = spec_of(name, Kind::kDouble);
+  return double_in_range(value, s.lo, s.hi, s.hi_inclusive);
+}
+
+std::string Flags::range_text(const std::string& name) const {
+  const auto it = specs_.find(name);
+  if (it != specs_.end() && it->second.kind == Kind::kInt) return int_range_text(it->second.int_lo, it->second.int_hi);
+  if (it != specs_.end() && it->second.kind == Kind::kDouble)
+    return double_range_text(it->second.lo, it->second.hi, it->second.hi_inclusive);
+  throw std::logic_error("Flags: --" + name + " is not a number flag with a range");
 }
 
 bool Flags::parse(int argc, char** argv) {

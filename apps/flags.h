@@ -1,6 +1,7 @@
 // flags.h: a small strict command-line parser for the apps. Every flag is declared with its
 // help text; a value that does not parse or is out of range, an unknown flag or a missing
-// value throws FlagError with a one-line message naming the flag.
+// value throws FlagError with a one-line message naming the flag. The ranges of the number
+// flags can also be asked for, to check values that come from elsewhere (a checkpoint).
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -11,9 +12,11 @@
 
 namespace mf::apps {
 
+// what() is always one line: line breaks and tabs in the message (a value given as
+// $'1\n2' is quoted in it) become spaces.
 class FlagError : public std::runtime_error {
  public:
-  using std::runtime_error::runtime_error;
+  explicit FlagError(const std::string& message);
 };
 
 class Flags {
@@ -35,12 +38,27 @@ class Flags {
   const std::vector<std::string>& positional() const { return positional_; }
   void allow_positional(const std::string& what) { positional_name_ = what; }
 
+  // Whether --name would accept `value`: an int flag's value within [lo, hi]; a double
+  // flag's value finite and within its range (NaN is never accepted). Throws
+  // std::logic_error when --name is not declared, or is not an int (resp. double) flag.
+  bool accepts(const std::string& name, std::int64_t value) const;
+  bool accepts(const std::string& name, double value) const;
+  // The range --name accepts, as its errors word it: "between 1 and 65536" (int),
+  // "in [0, 1)" (double). Throws std::logic_error for a flag without a range.
+  std::string range_text(const std::string& name) const;
+
  private:
+  enum class Kind { kBool, kString, kInt, kDouble };
   struct Spec {
     bool takes_value;
     std::string help, default_text;
     std::function<void(const std::string&)> set;
+    Kind kind = Kind::kBool;
+    std::int64_t int_lo = 0, int_hi = 0;  // kInt: the closed range
+    double lo = 0, hi = 0;                // kDouble: [lo, hi] or [lo, hi)
+    bool hi_inclusive = true;
   };
+  const Spec& spec_of(const std::string& name, Kind kind) const;
   std::string program_, usage_, positional_name_;
   std::map<std::string, Spec> specs_;
   std::vector<std::string> order_;

@@ -16,6 +16,7 @@
 #include <iostream>
 #include <memory>
 #include <string>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "apps/checkpoint.h"
@@ -62,15 +63,19 @@ void set_sigint(void (*handler)(int)) {
   sigaction(SIGINT, &sa, nullptr);
 }
 
-// Fails early (before any training) when `path` could not be written: its folder is missing
-// or not writable.
+// Fails early (before any training) when `path` could not be written: it names a folder
+// (an existing one, or any path ending in '/'), or its folder is missing or not writable.
 void check_output_path(const char* flag, const std::string& path) {
   if (path.empty()) return;
+  const std::string what = std::string("--") + flag + " " + path;
+  struct stat st {};
+  if (::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode))
+    throw std::invalid_argument(what + ": is a folder, not a file");
+  if (path.back() == '/') throw std::invalid_argument(what + ": ends in '/': names a folder, not a file");
   const auto slash = path.find_last_of('/');
   const std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
   if (::access(dir.c_str(), W_OK) != 0)
-    throw std::invalid_argument(std::string("--") + flag + " " + path + ": folder " + dir +
-                                " does not exist or is not writable");
+    throw std::invalid_argument(what + ": folder " + dir + " does not exist or is not writable");
 }
 
 std::string gnum(double v) {
@@ -162,9 +167,19 @@ int main(int argc, char** argv) {
                                     saved + " the run was saved with (leave --" + flag +
                                     " out to continue with the saved value)");
       };
+      // A saved setting must lie in the range its flag allows: the checksum proves the file
+      // is whole, not that a build or a person wrote sane values (a batch size of 2^62 would
+      // wrap the tensor sizes, a NaN learning rate would train to NaN). The ranges are the
+      // flags' own, so they are written once.
+      auto check_saved = [&](const char* key, const char* flag, auto value, const std::string& shown) {
+        if (!flags.accepts(flag, value))
+          throw std::invalid_argument("--resume " + o.resume + ": saved " + key + "=" + shown +
+                                      " is out of range: --" + flag + " must be " + flags.range_text(flag));
+      };
       if (flags.given("seed") && static_cast<std::uint64_t>(o.seed) != m.seed)
         differs("seed", std::to_string(o.seed), std::to_string(m.seed));
       o.seed = static_cast<std::int64_t>(m.seed);
+      check_saved("batch_size", "batch-size", m.batch_size, std::to_string(m.batch_size));
       if (flags.given("batch-size") && o.batch_size != m.batch_size)
         differs("batch-size", std::to_string(o.batch_size), std::to_string(m.batch_size));
       o.batch_size = m.batch_size;
@@ -177,16 +192,25 @@ int main(int argc, char** argv) {
       if (flags.given("optimizer") && o.optimizer != lower(m.optimizer))
         differs("optimizer", o.optimizer, "optimizer " + m.optimizer);
       o.optimizer = lower(m.optimizer);
+      check_saved("validation_split", "validation-split", m.validation_split, gnum(m.validation_split));
       if (flags.given("validation-split") && o.validation_split != m.validation_split)
         differs("validation-split", gnum(o.validation_split), "split " + gnum(m.validation_split));
       o.validation_split = m.validation_split;
+      check_saved("limit_train", "limit-train", m.limit_train, std::to_string(m.limit_train));
       if (flags.given("limit-train") && o.limit_train != m.limit_train)
         differs("limit-train", std::to_string(o.limit_train), "limit " + std::to_string(m.limit_train));
       o.limit_train = m.limit_train;
       // The learning rate and momentum may change on purpose (fine-tuning); default: saved.
-      if (!flags.given("lr") && m.lr > 0) o.lr = m.lr;
-      if (!flags.given("momentum")) o.momentum = m.momentum;
-      if (o.batch_size < 1) throw std::invalid_argument("--resume " + o.resume + ": saved batch size is not positive");
+      // A saved lr of exactly 0 means "not recorded" (CheckpointMeta's default): --lr's
+      // default is used then. Any other saved lr, NaN included, must be in --lr's range.
+      if (!flags.given("lr") && m.lr != 0) {
+        check_saved("lr", "lr", m.lr, gnum(m.lr));
+        o.lr = m.lr;
+      }
+      if (!flags.given("momentum")) {
+        check_saved("momentum", "momentum", m.momentum, gnum(m.momentum));
+        o.momentum = m.momentum;
+      }
     }
 
     if (o.threads > 0) set_num_threads(static_cast<int>(o.threads));
@@ -292,7 +316,10 @@ int main(int argc, char** argv) {
     fo.epochs = static_cast<int>(o.epochs);
     fo.batch_size = o.batch_size;
     fo.seed = static_cast<std::uint64_t>(o.seed);
-    fo.initial_epoch = std::min(initial_epoch, fo.epochs);
+    // Not clamped to --epochs: with initial_epoch >= epochs fit trains nothing and reports
+    // completed_epochs = initial_epoch, so the final save keeps the checkpoint's epoch count
+    // (clamping wrote "1 epoch done" beside weights trained for 2).
+    fo.initial_epoch = initial_epoch;
     fo.use_graph = !o.no_graph;
     fo.pipeline = o.pipeline == "resident" ? Pipeline::kResident
                   : o.pipeline == "prefetch" ? Pipeline::kPrefetch

@@ -18,17 +18,12 @@ class Shape {
   std::int64_t operator[](int i) const { return dims_.at(static_cast<std::size_t>(i)); }
   std::int64_t& operator[](int i) { return dims_.at(static_cast<std::size_t>(i)); }
   const std::vector<std::int64_t>& dims() const { return dims_; }
-  std::int64_t numel() const {
-    std::int64_t n = 1;
-    for (auto d : dims_) n *= d;
-    return n;
-  }
+  // Product of all dimensions (1 for a scalar). Throws std::overflow_error when it does not
+  // fit in int64: a wrapped count (2^62 x 784 wraps to 0) would pass every size check and
+  // get a buffer far too small. Called per tensor, not per element: the check is free.
+  std::int64_t numel() const { return product(0); }
   // Product of all dimensions but the first: the size of one sample.
-  std::int64_t sample_numel() const {
-    std::int64_t n = 1;
-    for (std::size_t i = 1; i < dims_.size(); ++i) n *= dims_[i];
-    return n;
-  }
+  std::int64_t sample_numel() const { return product(1); }
   // Same shape with the first (batch) dimension replaced.
   Shape with_batch(std::int64_t n) const {
     Shape s = *this;
@@ -47,6 +42,18 @@ class Shape {
   void validate() const {
     for (auto d : dims_)
       if (d < 0) throw std::invalid_argument("negative dimension in shape");
+  }
+  // Product of dims_[first..]; a zero anywhere makes it 0 even when the others alone would
+  // overflow.
+  std::int64_t product(std::size_t first) const {
+    std::int64_t n = 1;
+    bool overflow = false;
+    for (std::size_t i = first; i < dims_.size(); ++i) {
+      if (dims_[i] == 0) return 0;
+      overflow = overflow || __builtin_mul_overflow(n, dims_[i], &n);
+    }
+    if (overflow) throw std::overflow_error("shape " + str() + " has more elements than int64 can count");
+    return n;
   }
   std::vector<std::int64_t> dims_;
 };

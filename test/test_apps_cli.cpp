@@ -16,8 +16,12 @@
 #include "apps/atomic_file.h"
 #include "apps/checkpoint.h"
 #include "apps/common.h"
+#include "apps/flags.h"
 #include "data/idx.h"
 #include "kernels/gpu_runtime.h"
+#include "layers/sequential.h"
+#include "optim/adam.h"
+#include "tensor/rng.h"
 #include "test/test_util.h"
 #if MF_WITH_STB
 #include "apps/image.h"
@@ -86,6 +90,74 @@ TEST(TrainMnistCli, BadFlagsGiveOneLine) {
   expect_one_line_error("--fp16 --device cpu", "--fp16 needs the GPU", kError);
 }
 
+TEST(TrainMnistCli, FlagValueWithANewlineGivesOneLine) {
+  // The shell passes the newline inside the quotes on to the program.
+  expect_one_line_error("--epochs '1\n2'", "--epochs expects a whole number, got '1 2'", kBadFlag);
+  expect_one_line_error("--lr '1\n2'", "--lr expects a number, got '1 2'", kBadFlag);
+  expect_one_line_error("'--a\nb'", "unknown flag --a b", kBadFlag);
+#if MF_WITH_STB && defined(MF_PREDICT_BIN)
+  TempDir dir;
+  const RunResult r = run(MF_PREDICT_BIN, "--top '1\n2'", dir);
+  EXPECT_EQ(r.status, kBadFlag);
+  EXPECT_EQ(r.err, "predict: error: --top expects a whole number, got '1 2'\n");
+#endif
+}
+
+// The parser all three programs share (train_mnist, predict, doctor): every FlagError is one
+// line, whatever the value held.
+TEST(Flags, ErrorsAreOneLine) {
+  std::int64_t n = 0;
+  double x = 0;
+  std::string s = "a";
+  apps::Flags flags("prog", "");
+  flags.add_int("n", &n, 1, 10, "");
+  flags.add_double("x", &x, 0.0, 1.0, "");
+  flags.add_string("s", &s, "", {"a", "b"});
+  for (std::vector<std::string> args : {std::vector<std::string>{"--n", "1\n2"}, {"--n", "99\n"}, {"--x", "0.5\r\n"},
+                                        {"--s", "a\nb"}, {"--what\never"}, {"stray\narg"}}) {
+    std::vector<char*> argv{const_cast<char*>("prog")};
+    for (auto& a : args) argv.push_back(a.data());
+    try {
+      flags.parse(static_cast<int>(argv.size()), argv.data());
+      ADD_FAILURE() << "expected a FlagError for " << args[0];
+    } catch (const apps::FlagError& e) {
+      const std::string w = e.what();
+      EXPECT_EQ(w.find_first_of("\n\r"), std::string::npos) << w;
+    }
+  }
+}
+
+// The ranges of the flags, for checking values that come from elsewhere (a checkpoint).
+TEST(Flags, ReportsTheRangesItAccepts) {
+  std::int64_t n = 0;
+  double x = 0, y = 0;
+  bool b = false;
+  apps::Flags flags("prog", "");
+  flags.add_int("n", &n, 1, 65536, "");
+  flags.add_double("x", &x, 1e-8, 10.0, "");
+  flags.add_double("y", &y, 0.0, 1.0, "", /*hi_inclusive=*/false);
+  flags.add_bool("b", &b, "");
+  EXPECT_EQ(flags.range_text("n"), "between 1 and 65536");
+  EXPECT_EQ(flags.range_text("x"), "in [1e-08, 10]");
+  EXPECT_EQ(flags.range_text("y"), "in [0, 1)");
+  EXPECT_TRUE(flags.accepts("n", std::int64_t{1}));
+  EXPECT_TRUE(flags.accepts("n", std::int64_t{65536}));
+  EXPECT_FALSE(flags.accepts("n", std::int64_t{0}));
+  EXPECT_FALSE(flags.accepts("n", std::int64_t{65537}));
+  EXPECT_FALSE(flags.accepts("n", std::int64_t{4611686018427387904}));
+  EXPECT_TRUE(flags.accepts("x", 10.0));
+  EXPECT_FALSE(flags.accepts("x", 1e300));
+  EXPECT_FALSE(flags.accepts("x", 0.0));
+  EXPECT_FALSE(flags.accepts("x", std::nan("")));
+  EXPECT_TRUE(flags.accepts("y", 0.0));
+  EXPECT_FALSE(flags.accepts("y", 1.0));  // the upper end is excluded
+  EXPECT_FALSE(flags.accepts("y", -1e-300));
+  // Asking about a flag that has no range is the caller's bug.
+  EXPECT_THROW(flags.range_text("b"), std::logic_error);
+  EXPECT_THROW(flags.accepts("nope", 1.0), std::logic_error);
+  EXPECT_THROW(flags.accepts("x", std::int64_t{1}), std::logic_error);  // a double flag
+}
+
 TEST(TrainMnistCli, BadDataGivesOneLine) {
   expect_one_line_error("--data /nonexistent/mnist", "/nonexistent/mnist", kError);
   // A folder with the four files, the training images cut short.
@@ -129,6 +201,122 @@ TEST(TrainMnistCli, BadOutputAndCheckpointPathsGiveOneLine) {
   std::fputs("junk", f);
   std::fclose(f);
   expect_one_line_error("--resume " + dir.file("junk.ckpt"), "not a microflow checkpoint", kError);
+}
+
+// An output path that names a folder fails before any training (here: before the data are
+// even read, so the error is about the path, not the missing data).
+TEST(TrainMnistCli, OutputPathThatIsAFolderIsRefusedBeforeTraining) {
+  TempDir dir;
+  const std::string folder = dir.path().string();
+  for (const char* flag : {"save", "metrics-json", "plot"}) {
+    SCOPED_TRACE(flag);
+    const std::string f = std::string("--") + flag + " ";
+    expect_one_line_error("--data /nonexistent/mnist " + f + folder, f + folder + ": is a folder, not a file",
+                          kError);
+    expect_one_line_error("--data /nonexistent/mnist " + f + folder + "/", f + folder + "/: is a folder, not a file",
+                          kError);
+    // Not there yet, but the trailing '/' says folder all the same.
+    expect_one_line_error("--data /nonexistent/mnist " + f + folder + "/new/",
+                          f + folder + "/new/: ends in '/': names a folder, not a file", kError);
+  }
+  // The check does not refuse a plain new file in an existing folder.
+  expect_one_line_error("--data /nonexistent/mnist --save " + dir.file("run.ckpt"), "/nonexistent/mnist", kError);
+}
+
+// A checkpoint with a valid checksum but settings the flags would never allow (crafted, or
+// written by a buggy build) is refused before anything is allocated or trained, naming the
+// file, the key, the value and the range. The data folder does not exist: a setting that
+// passes the checks ends at the data, so the message tells which happened.
+TEST(TrainMnistCli, ResumeChecksTheRangesOfTheSavedSettings) {
+  TempDir dir;
+  Rng rng(1);
+  Sequential model = Sequential::mnist_cnn(rng);  // train_mnist's model: the architecture fits
+  model.compile(std::make_unique<Adam>());
+  apps::CheckpointMeta good;
+  good.epoch = 1;
+  good.batch_size = 64;
+  good.lr = 1e-3;
+  good.validation_split = 0.2;
+  good.limit_train = 640;
+  const std::string path = dir.file("crafted.ckpt");
+  const std::string args = "--device cpu --quiet --epochs 2 --data /nonexistent/mnist --resume " + path;
+
+  // The valid settings pass the checks, also with lr=0 (not recorded: the --lr default is used).
+  for (double lr : {1e-3, 0.0}) {
+    apps::CheckpointMeta m = good;
+    m.lr = lr;
+    apps::save_checkpoint(path, model, *model.optimizer(), m);
+    expect_one_line_error(args, "/nonexistent/mnist", kError);
+  }
+
+  const struct {
+    const char* what;
+    void (*set)(apps::CheckpointMeta&);
+    const char* expect;
+  } cases[] = {
+      {"batch size 2^62 (numel overflows to 0)", [](apps::CheckpointMeta& m) { m.batch_size = 4611686018427387904; },
+       "saved batch_size=4611686018427387904 is out of range: --batch-size must be between 1 and 65536"},
+      {"batch size 1e12 (bad_alloc)", [](apps::CheckpointMeta& m) { m.batch_size = 1000000000000; },
+       "saved batch_size=1000000000000 is out of range: --batch-size must be between 1 and 65536"},
+      {"batch size 0", [](apps::CheckpointMeta& m) { m.batch_size = 0; },
+       "saved batch_size=0 is out of range: --batch-size must be between 1 and 65536"},
+      {"lr 1e300", [](apps::CheckpointMeta& m) { m.lr = 1e300; },
+       "saved lr=1e+300 is out of range: --lr must be in [1e-08, 10]"},
+      {"lr NaN", [](apps::CheckpointMeta& m) { m.lr = std::nan(""); },
+       "saved lr=nan is out of range: --lr must be in [1e-08, 10]"},
+      {"lr negative", [](apps::CheckpointMeta& m) { m.lr = -0.001; },
+       "saved lr=-0.001 is out of range: --lr must be in [1e-08, 10]"},
+      {"momentum 1.5", [](apps::CheckpointMeta& m) { m.momentum = 1.5; },
+       "saved momentum=1.5 is out of range: --momentum must be in [0, 1)"},
+      {"validation split 1", [](apps::CheckpointMeta& m) { m.validation_split = 1.0; },
+       "saved validation_split=1 is out of range: --validation-split must be in [0, 1)"},
+      {"limit_train -5", [](apps::CheckpointMeta& m) { m.limit_train = -5; },
+       "saved limit_train=-5 is out of range: --limit-train must be between 0 and 9223372036854775807"},
+  };
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.what);
+    apps::CheckpointMeta m = good;
+    c.set(m);
+    apps::save_checkpoint(path, model, *model.optimizer(), m);
+    ASSERT_NO_THROW(apps::read_checkpoint(path)) << "the crafted file itself must be valid";
+    expect_one_line_error(args, "--resume " + path + ": " + c.expect, kError);
+  }
+}
+
+// Resuming with a smaller --epochs than the checkpoint has trains nothing and must not write
+// the checkpoint back with fewer epochs than its weights have seen.
+TEST(TrainMnistCli, ResumeWithFewerEpochsKeepsTheSavedEpochCount) {
+  const std::string data = mnist_dir();
+  if (!fs::exists(data)) GTEST_SKIP() << "no MNIST at " << data;
+  TempDir dir;
+  const std::string ckpt = dir.file("run.ckpt");
+  const std::string common = "--device cpu --data " + data + " --quiet --save " + ckpt;
+  RunResult r = run(MF_TRAIN_MNIST_BIN, common + " --limit-train 640 --epochs 2", dir);
+  ASSERT_EQ(r.status, 0) << r.err;
+  const apps::CheckpointFile before = apps::read_checkpoint(ckpt);
+  ASSERT_EQ(before.contents.meta.epoch, 2);
+
+  r = run(MF_TRAIN_MNIST_BIN, common + " --resume " + ckpt + " --epochs 1", dir);
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.err.find("the checkpoint already has 2 epoch(s) and --epochs is 1: nothing to train"),
+            std::string::npos)
+      << r.err;
+  EXPECT_EQ(r.out.find("Epoch "), std::string::npos) << "nothing was to be trained: " << r.out;
+
+  const apps::CheckpointFile after = apps::read_checkpoint(ckpt);
+  EXPECT_EQ(after.contents.meta.epoch, 2);
+  EXPECT_FALSE(after.contents.meta.partial_epoch);
+  EXPECT_EQ(after.contents.meta.iterations, before.contents.meta.iterations);
+  ASSERT_EQ(after.contents.meta.history.size(), 2u);
+  EXPECT_EQ(after.contents.meta.history[1].epoch, 1);
+  EXPECT_EQ(after.contents.meta.history[1].loss, before.contents.meta.history[1].loss);
+  // The same weights and optimizer state, byte for byte.
+  ASSERT_EQ(after.contents.tensors.size(), before.contents.tensors.size());
+  for (std::size_t i = 0; i < after.contents.tensors.size(); ++i) {
+    const apps::CheckpointTensor &a = after.contents.tensors[i], &b = before.contents.tensors[i];
+    EXPECT_EQ(a.name, b.name);
+    EXPECT_EQ(after.bytes.substr(a.offset, a.nbytes), before.bytes.substr(b.offset, b.nbytes)) << a.name;
+  }
 }
 
 TEST(TrainMnistCli, ShortRunWritesMetricsPlotCheckpointAndResumes) {

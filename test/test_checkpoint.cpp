@@ -267,11 +267,15 @@ TEST(Checkpoint, FailedSaveKeepsTheOldCheckpoint) {
   const std::string old = slurp(path);
   Sequential other = make_model(5);
 
-  // 1. The temporary file cannot be created (a folder is in its way).
-  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
-  fs::create_directory(tmp);
-  EXPECT_THROW(apps::save_checkpoint(path, other, *other.optimizer(), meta_for(2)), CheckpointError);
-  fs::remove(tmp);
+  // 1. No temporary file can be created: a folder is in the way of every name tried.
+  for (int i = 0; i < apps::kAtomicTempAttempts; ++i) fs::create_directory(apps::atomic_temp_name(path, i));
+  try {
+    apps::save_checkpoint(path, other, *other.optimizer(), meta_for(2));
+    ADD_FAILURE() << "expected a CheckpointError";
+  } catch (const CheckpointError& e) {
+    EXPECT_NE(std::string(e.what()).find("cannot create a temporary file"), std::string::npos) << e.what();
+  }
+  for (int i = 0; i < apps::kAtomicTempAttempts; ++i) fs::remove(apps::atomic_temp_name(path, i));
   EXPECT_EQ(slurp(path), old);
 
   // 2. The disk "fills up" half way through the write: a file-size limit makes write() fail
@@ -304,6 +308,36 @@ TEST(Checkpoint, FailedSaveKeepsTheOldCheckpoint) {
   Sequential b = make_model(9);
   apps::load_checkpoint(path, b, *b.optimizer());
   EXPECT_EQ(snapshot(a), snapshot(b));
+}
+
+// Someone sharing the folder plants a symlink where the temporary file will be made, pointing
+// at one of their victim's files: the save must neither follow it (truncating the target)
+// nor remove it, and must still succeed under another name.
+TEST(AtomicFile, PlantedSymlinkAtTheTemporaryNameIsNotFollowed) {
+  TempDir dir;
+  const std::string path = dir.file("run.ckpt"), victim = dir.file("victim.txt");
+  spit(victim, "precious data\n");
+  const std::string first = apps::atomic_temp_name(path, 0);
+  EXPECT_EQ(first, path + ".tmp." + std::to_string(::getpid()));
+  fs::create_symlink(victim, first);
+
+  const std::string text = "new contents";
+  apps::write_bytes_atomic(path, text.data(), text.size());
+  EXPECT_EQ(slurp(victim), "precious data\n") << "the symlink's target was written through";
+  EXPECT_EQ(slurp(path), text);
+  EXPECT_FALSE(fs::is_symlink(path)) << "the symlink itself was renamed into place";
+  ASSERT_TRUE(fs::is_symlink(first)) << "someone else's file was removed";
+  EXPECT_EQ(fs::read_symlink(first), victim);
+  // Nothing else left behind: the victim, the planted link and the new file.
+  EXPECT_EQ(std::distance(fs::directory_iterator(dir.path()), fs::directory_iterator{}), 3);
+
+  // A symlink pointing at a name that does not exist yet is not followed either (O_CREAT
+  // alone would create its target).
+  fs::remove(first);
+  fs::create_symlink(dir.file("created_by_link.txt"), first);
+  apps::write_bytes_atomic(path, text.data(), text.size());
+  EXPECT_FALSE(fs::exists(dir.file("created_by_link.txt")));
+  EXPECT_EQ(slurp(path), text);
 }
 
 TEST(Checkpoint, ParserBoundsEveryLength) {

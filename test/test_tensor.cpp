@@ -67,6 +67,30 @@ TEST(Shape, NumelRankStrAndValidation) {
   EXPECT_THROW(s[4], std::out_of_range);
 }
 
+// A product of dimensions past int64 throws instead of wrapping: (2^62, 784) wrapped to 0,
+// and a zero-sized tensor then passed every size check (a crafted checkpoint's batch size).
+TEST(Shape, NumelThrowsOnOverflow) {
+  constexpr std::int64_t kBig = std::int64_t{1} << 62;
+  EXPECT_THROW(Shape({kBig, 784}).numel(), std::overflow_error);
+  EXPECT_THROW(Shape({kBig, 1, 28, 28}).numel(), std::overflow_error);
+  EXPECT_THROW(Shape({2, kBig, 2}).numel(), std::overflow_error);
+  EXPECT_THROW(Shape({1, kBig, 784}).sample_numel(), std::overflow_error);
+  EXPECT_THROW(Tensor::empty(Shape({kBig, 1, 28, 28})), std::overflow_error);
+  // The largest products that fit, and zeros wherever they stand, are fine.
+  EXPECT_EQ(Shape({kBig, 1}).numel(), kBig);
+  EXPECT_EQ(Shape({INT64_MAX}).numel(), INT64_MAX);
+  EXPECT_EQ(Shape({3037000499, 3037000499}).numel(), std::int64_t{3037000499} * 3037000499);
+  EXPECT_EQ(Shape({kBig, kBig, 0}).numel(), 0);
+  EXPECT_EQ(Shape({0, kBig, kBig}).numel(), 0);
+  EXPECT_EQ(Shape({kBig, kBig, 0}).sample_numel(), 0);
+  EXPECT_EQ(Shape({kBig, 4, 8}).sample_numel(), 32);
+  try {
+    (void)Shape({kBig, 784}).numel();
+  } catch (const std::overflow_error& e) {
+    EXPECT_STREQ(e.what(), "shape (4611686018427387904, 784) has more elements than int64 can count");
+  }
+}
+
 TEST(Tensor, EmptyZerosFromVectorAndDescribe) {
   const Tensor u;
   EXPECT_FALSE(u.defined());
