@@ -212,8 +212,8 @@ double cpu_gemm_gflops(int n) {
 void cpu_checks(Report& rep) {
   rep.section("CPU");
   const unsigned hw = std::thread::hardware_concurrency();
-  rep.add(Mark::kOk, fmt("%s, %u hardware threads; microflow's pool uses %d", apps::cpu_model_name().c_str(), hw,
-                         num_threads()));
+  rep.add(Mark::kOk, fmt("%s, %u hardware threads, %d of them available to this process; microflow's pool uses %d",
+                         apps::cpu_model_name().c_str(), hw, available_cpus(), num_threads()));
   rep.add(Mark::kInfo, fmt("Eigen %d.%d.%d, SIMD instruction sets in use: %s", EIGEN_WORLD_VERSION,
                            EIGEN_MAJOR_VERSION, EIGEN_MINOR_VERSION, Eigen::SimdInstructionSetsInUse()));
   // What this CPU has vs what the binary was compiled to use (-march, MF_CPU_ARCH).
@@ -376,7 +376,7 @@ int main(int argc, char** argv) {
                    "stress test: repeat large GEMMs on GPU 0 for this many seconds, checking every result");
   flags.add_int("burn-size", &burn_size, 256, 65536, "stress test: matrix size n (n x n x n products)");
   flags.add_bool("burn-fp16", &burn_fp16, "stress test: FP16 operands on the Tensor Cores instead of FP32 SGEMM");
-  flags.add_int("threads", &threads, 0, 1024, "CPU threads (0: all hardware threads)");
+  flags.add_int("threads", &threads, 0, 1024, "CPU threads (0: every CPU this process may use)");
   flags.add_bool("no-color", &no_color, "no colours even on a terminal");
   try {
     if (!flags.parse(argc, argv)) return 0;

@@ -118,7 +118,7 @@ int main(int argc, char** argv) {
   flags.add_double("validation-split", &o.validation_split, 0.0, 1.0,
                    "fraction of the training images held out (the LAST ones, as Keras does)", false);
   flags.add_int("seed", &o.seed, 0, INT64_MAX, "seed for the weights and the shuffles");
-  flags.add_int("threads", &o.threads, 0, 1024, "CPU threads (0: all hardware threads)");
+  flags.add_int("threads", &o.threads, 0, 1024, "CPU threads (0: every CPU this process may use)");
   flags.add_string("metrics-json", &o.metrics_json, "write per-epoch metrics and the test result to this JSON file");
   flags.add_double("min-accuracy", &o.min_accuracy, 0.0, 1.0, "exit with status 3 if the test accuracy is below this");
   flags.add_int("limit-train", &o.limit_train, 0, INT64_MAX, "train on only the first N training images (0: all)");

@@ -2,9 +2,16 @@
 #include "tensor/parallel.h"
 
 #include <algorithm>
+#include <cstdio>
+#include <exception>
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <utility>
+
+#if defined(__linux__)
+#include <sched.h>
+#endif
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -17,6 +24,14 @@ namespace mf {
 
 namespace {
 constexpr int kSpinIterations = 20000;  // ~50-100 us of polling before a worker sleeps
+
+// One turn of a polling loop. Mostly a pause; every 256th turn gives the core away, so that
+// with more threads than cores (--threads 32 on two) the thread being waited for gets to run
+// instead of waiting for the poller's time slice to end.
+inline void relax(int spin) {
+  if ((spin & 255) == 255) std::this_thread::yield();
+  else MF_CPU_RELAX();
+}
 
 // Flush-to-zero and denormals-are-zero for this thread. Adam's second moments and tiny
 // gradients drift into the denormal range, where each operation costs ~100 cycles
@@ -48,7 +63,7 @@ void ThreadPool::worker(int index) {
   for (;;) {
     std::uint64_t g = generation_.load(std::memory_order_acquire);
     for (int spin = 0; g == seen && spin < kSpinIterations; ++spin) {
-      MF_CPU_RELAX();
+      relax(spin);
       g = generation_.load(std::memory_order_acquire);
     }
     if (g == seen) {
@@ -58,8 +73,17 @@ void ThreadPool::worker(int index) {
     }
     seen = g;
     if (stop_.load()) return;
-    if (index < tasks_) (*task_)(index);
+    if (index < tasks_) run_task(index);
     pending_.fetch_sub(1, std::memory_order_acq_rel);
+  }
+}
+
+void ThreadPool::run_task(int index) {
+  try {
+    (*task_)(index);
+  } catch (...) {
+    std::lock_guard<std::mutex> lock(error_mu_);
+    if (!error_) error_ = std::current_exception();
   }
 }
 
@@ -77,8 +101,12 @@ void ThreadPool::dispatch(int tasks, const std::function<void(int)>& task) {
     generation_.fetch_add(1, std::memory_order_acq_rel);
   }
   cv_.notify_all();
-  task(0);
-  while (pending_.load(std::memory_order_acquire) != 0) MF_CPU_RELAX();
+  run_task(0);
+  // Every worker must be done with `task`, which lives in the caller's frame, before this
+  // returns, even when a task threw: only then is the first exception passed on.
+  for (int spin = 0; pending_.load(std::memory_order_acquire) != 0; ++spin) relax(spin);
+  task_ = nullptr;
+  if (error_) std::rethrow_exception(std::exchange(error_, nullptr));
 }
 
 void ThreadPool::parallel_for(std::int64_t n, const std::function<void(std::int64_t, std::int64_t, int)>& fn,
@@ -98,15 +126,30 @@ std::unique_ptr<ThreadPool>& pool_slot() {
   static std::unique_ptr<ThreadPool> pool;
   return pool;
 }
-int default_threads() {
-  const unsigned hc = std::thread::hardware_concurrency();
-  return hc == 0 ? 1 : static_cast<int>(hc);
-}
 }  // namespace
+
+int available_cpus() {
+  int n = 0;
+#if defined(__linux__)
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof set, &set) == 0) n = CPU_COUNT(&set);
+  // cgroup v2 quota ("max 100000" when none): a container limited to 1.5 CPUs gets 2.
+  if (std::FILE* f = std::fopen("/sys/fs/cgroup/cpu.max", "r")) {
+    long long quota = 0, period = 0;
+    if (std::fscanf(f, "%lld %lld", &quota, &period) == 2 && quota > 0 && period > 0) {
+      const long long cpus = (quota + period - 1) / period;
+      if (n == 0 || cpus < n) n = static_cast<int>(cpus);
+    }
+    std::fclose(f);
+  }
+#endif
+  if (n <= 0) n = static_cast<int>(std::thread::hardware_concurrency());
+  return std::max(1, n);
+}
 
 ThreadPool& cpu_pool() {
   auto& p = pool_slot();
-  if (!p) p = std::make_unique<ThreadPool>(default_threads());
+  if (!p) p = std::make_unique<ThreadPool>(available_cpus());
   return *p;
 }
 

@@ -9,6 +9,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
+#include <exception>
 #include <functional>
 #include <mutex>
 #include <thread>
@@ -28,7 +29,7 @@ class ThreadPool {
   // Calls fn(begin, end, thread) for num_threads() contiguous chunks of [0, n), in parallel,
   // and returns when all are done; fewer chunks when n is small: each chunk gets at least
   // `grain` items, so work too small to pay for a thread hand-off stays on the caller.
-  // fn must not throw.
+  // If fn throws, the other chunks still finish; then the first exception is rethrown here.
   void parallel_for(std::int64_t n, const std::function<void(std::int64_t, std::int64_t, int)>& fn,
                     std::int64_t grain = 1);
 
@@ -38,6 +39,7 @@ class ThreadPool {
  private:
   void worker(int index);
   void dispatch(int tasks, const std::function<void(int)>& task);
+  void run_task(int index);  // (*task_)(index), keeping its exception for dispatch
 
   int num_threads_;
   std::vector<std::thread> workers_;
@@ -48,9 +50,15 @@ class ThreadPool {
   std::atomic<bool> stop_{false};
   const std::function<void(int)>* task_ = nullptr;
   int tasks_ = 0;
+  std::mutex error_mu_;
+  std::exception_ptr error_;  // the first exception a task of this dispatch threw
 };
 
-// The process's CPU pool, sized by set_num_threads (default: hardware threads).
+// The CPUs this process may run on: those of its affinity mask (taskset, a cpuset), fewer
+// when a cgroup CPU quota allows less (a container's --cpus); at least 1.
+int available_cpus();
+
+// The process's CPU pool, sized by set_num_threads (default: available_cpus()).
 ThreadPool& cpu_pool();
 void set_num_threads(int n);  // re-creates the pool; call before training starts
 int num_threads();

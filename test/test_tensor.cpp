@@ -16,6 +16,10 @@
 #include <thread>
 #include <vector>
 
+#if defined(__linux__)
+#include <sched.h>
+#endif
+
 #include "kernels/errors.h"
 #include "kernels/gpu_runtime.h"
 #include "tensor/half.h"
@@ -549,6 +553,54 @@ TEST(ThreadPool, SetNumThreadsValidatesAndResizesTheProcessPool) {
   mf::set_num_threads(before);
   EXPECT_EQ(mf::num_threads(), before);
 }
+
+// A chunk that throws: parallel_for still waits for every other chunk (they use the
+// caller's frame), then rethrows the first exception; the pool stays usable.
+TEST(ThreadPool, AnExceptionInAChunkIsRethrownAfterEveryChunkFinished) {
+  for (int thrower : {0, 2}) {  // 0: the calling thread's own chunk
+    SCOPED_TRACE("chunk " + std::to_string(thrower) + " throws");
+    mf::ThreadPool pool(4);
+    std::vector<std::atomic<int>> finished(4);
+    try {
+      pool.parallel_for(4, [&](std::int64_t b, std::int64_t, int) {
+        if (b == thrower) throw std::runtime_error("chunk " + std::to_string(b));
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+        ++finished[static_cast<std::size_t>(b)];
+      });
+      FAIL() << "parallel_for did not rethrow";
+    } catch (const std::runtime_error& e) {
+      EXPECT_EQ(std::string(e.what()), "chunk " + std::to_string(thrower));
+      for (int c = 0; c < 4; ++c)
+        EXPECT_EQ(finished[static_cast<std::size_t>(c)].load(), c == thrower ? 0 : 1) << "chunk " << c;
+    }
+    std::atomic<std::int64_t> sum{0};
+    pool.parallel_for(100, [&](std::int64_t b, std::int64_t e, int) {
+      for (std::int64_t i = b; i < e; ++i) sum += i;
+    });
+    EXPECT_EQ(sum.load(), 4950) << "the pool works after the exception";
+  }
+}
+
+#if defined(__linux__)
+// The default pool size follows the CPUs this process may use (taskset, cpusets), not the
+// machine's: with the calling thread pinned to one CPU, available_cpus() is 1.
+TEST(ThreadPool, AvailableCpusFollowsTheAffinityMask) {
+  cpu_set_t saved;
+  ASSERT_EQ(sched_getaffinity(0, sizeof saved, &saved), 0);
+  const int all = mf::available_cpus();
+  EXPECT_GE(all, 1);
+  EXPECT_LE(all, CPU_COUNT(&saved));
+  int first = 0;
+  while (!CPU_ISSET(first, &saved)) ++first;
+  cpu_set_t one;
+  CPU_ZERO(&one);
+  CPU_SET(first, &one);
+  ASSERT_EQ(sched_setaffinity(0, sizeof one, &one), 0);
+  const int pinned = mf::available_cpus();
+  ASSERT_EQ(sched_setaffinity(0, sizeof saved, &saved), 0);
+  EXPECT_EQ(pinned, 1);
+}
+#endif
 
 // ---- random numbers -------------------------------------------------------------------------
 
