@@ -53,7 +53,14 @@ class Tensor {
   std::int64_t numel() const { return shape_.numel(); }
   DType dtype() const { return dtype_; }
   Device device() const { return device_; }
-  std::size_t nbytes() const { return static_cast<std::size_t>(numel()) * dtype_size(dtype_); }
+  // Throws std::overflow_error when the byte count does not fit in size_t (as numel() does
+  // for the element count): a wrapped size would get a buffer far too small.
+  std::size_t nbytes() const {
+    std::size_t n = 0;
+    if (__builtin_mul_overflow(static_cast<std::size_t>(numel()), dtype_size(dtype_), &n))
+      throw std::overflow_error("tensor of shape " + shape_.str() + " has more bytes than size_t can count");
+    return n;
+  }
   bool is_cpu() const { return device_ == Device::kCpu; }
   bool is_gpu() const { return device_ == Device::kGpu; }
 

@@ -80,6 +80,8 @@ TEST(Shape, NumelThrowsOnOverflow) {
   EXPECT_THROW(Shape({2, kBig, 2}).numel(), std::overflow_error);
   EXPECT_THROW(Shape({1, kBig, 784}).sample_numel(), std::overflow_error);
   EXPECT_THROW(Tensor::empty(Shape({kBig, 1, 28, 28})), std::overflow_error);
+  // 2^62 elements fit in int64, but not their 2^64 bytes in size_t.
+  EXPECT_THROW(Tensor::empty(Shape({kBig})), std::overflow_error);
   // The largest products that fit, and zeros wherever they stand, are fine.
   EXPECT_EQ(Shape({kBig, 1}).numel(), kBig);
   EXPECT_EQ(Shape({INT64_MAX}).numel(), INT64_MAX);
