@@ -4,7 +4,6 @@
 #include <fstream>
 #include <memory>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "kernels/gpu_runtime.h"
@@ -17,10 +16,7 @@
 namespace mf::bench {
 
 int max_threads() {
-  static const int n = [] {
-    const unsigned hc = std::thread::hardware_concurrency();
-    return hc == 0 ? 1 : static_cast<int>(hc);
-  }();
+  static const int n = available_cpus();
   return n;
 }
 

@@ -22,7 +22,8 @@ namespace mf::bench {
 // The article's epoch: 60,000 training images minus Keras's 20 % validation split.
 constexpr std::int64_t kEpochImages = 48000;
 
-// Hardware threads when the process started (the default size of mf::cpu_pool()).
+// The CPUs this process may use, when it started (mf::available_cpus(), the default size of
+// mf::cpu_pool()).
 int max_threads();
 // Resizes mf::cpu_pool() to n threads (re-creating it only when the size changes).
 void use_threads(int n);
