@@ -17,13 +17,15 @@ std::string fmt_double(double v) {
   std::snprintf(b, sizeof b, "%g", v);
   return b;
 }
-// The ranges as the errors and range_text() word them, written in one place.
+// The ranges, as the parsers and accepts() test them and as the errors and range_text()
+// word them, written in one place.
 std::string int_range_text(std::int64_t lo, std::int64_t hi) {
   return "between " + std::to_string(lo) + " and " + std::to_string(hi);
 }
 std::string double_range_text(double lo, double hi, bool hi_inclusive) {
   return "in [" + fmt_double(lo) + ", " + fmt_double(hi) + (hi_inclusive ? "]" : ")");
 }
+bool int_in_range(std::int64_t x, std::int64_t lo, std::int64_t hi) { return x >= lo && x <= hi; }
 bool double_in_range(double x, double lo, double hi, bool hi_inclusive) {
   // Written so that NaN, which compares false with everything, is outside.
   return std::isfinite(x) && x >= lo && (hi_inclusive ? x <= hi : x < hi);
@@ -71,7 +73,8 @@ void Flags::add_int(const std::string& name, std::int64_t* target, std::int64_t 
                const long long x = std::strtoll(v.c_str(), &end, 10);
                if (v.empty() || *end != '\0' || errno == ERANGE)
                  throw FlagError("--" + name + " expects a whole number, got '" + v + "'");
-               if (x < lo || x > hi) throw FlagError("--" + name + " must be " + int_range_text(lo, hi) + ", got " + v);
+               if (!int_in_range(x, lo, hi))
+                 throw FlagError("--" + name + " must be " + int_range_text(lo, hi) + ", got " + v);
                *target = x;
              }};
   spec.kind = Kind::kInt;
@@ -110,7 +113,7 @@ const Flags::Spec& Flags::spec_of(const std::string& name, Kind kind) const {
 
 bool Flags::accepts(const std::string& name, std::int64_t value) const {
   const Spec& s = spec_of(name, Kind::kInt);
-  return value >= s.int_lo && value <= s.int_hi;
+  return int_in_range(value, s.int_lo, s.int_hi);
 }
 
 bool Flags::accepts(const std::string& name, double value) const {
