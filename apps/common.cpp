@@ -10,6 +10,7 @@
 #include <fstream>
 #include <sstream>
 #include <stdexcept>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "kernels/device_allocator.h"
@@ -54,6 +55,19 @@ std::string hardware_description(Device device, int gpu_index) {
     os << cpu_model_name() << ", " << mf::num_threads() << " threads";
   }
   return os.str();
+}
+
+void check_output_path(const char* flag, const std::string& path) {
+  if (path.empty()) return;
+  const std::string what = std::string("--") + flag + " " + path;
+  struct stat st {};
+  if (::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode))
+    throw std::invalid_argument(what + ": is a folder, not a file");
+  if (path.back() == '/') throw std::invalid_argument(what + ": ends in '/': names a folder, not a file");
+  const auto slash = path.find_last_of('/');
+  const std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
+  if (::access(dir.c_str(), W_OK) != 0)
+    throw std::invalid_argument(what + ": folder " + dir + " does not exist or is not writable");
 }
 
 std::string one_line(const std::string& s) {

@@ -22,6 +22,11 @@ std::string one_line(const std::string& s);
 // folder, synced, then renamed over the target), so a crash never leaves half a file.
 void write_file_atomic(const std::string& path, const std::string& text);
 
+// Throws std::invalid_argument ("--FLAG PATH: ...") when `path` could not be written: it
+// names a folder (an existing one, or any path ending in '/'), or its folder is missing or
+// not writable. The apps call it before any long work; an empty path passes.
+void check_output_path(const char* flag, const std::string& path);
+
 struct RunInfo {
   Device device;
   bool fp16;

@@ -118,6 +118,7 @@ int main(int argc, char** argv) {
   }
 
   try {
+    apps::check_output_path("grid", grid);  // before the model and the 10,000 test digits
     Rng rng(0);
     Sequential model = Sequential::mnist_cnn(rng);
     apps::load_checkpoint(model_path, model, nullptr);

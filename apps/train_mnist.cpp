@@ -16,7 +16,6 @@
 #include <iostream>
 #include <memory>
 #include <string>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include "apps/checkpoint.h"
@@ -61,21 +60,6 @@ void set_sigint(void (*handler)(int)) {
   sigemptyset(&sa.sa_mask);
   sa.sa_flags = SA_RESTART;
   sigaction(SIGINT, &sa, nullptr);
-}
-
-// Fails early (before any training) when `path` could not be written: it names a folder
-// (an existing one, or any path ending in '/'), or its folder is missing or not writable.
-void check_output_path(const char* flag, const std::string& path) {
-  if (path.empty()) return;
-  const std::string what = std::string("--") + flag + " " + path;
-  struct stat st {};
-  if (::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode))
-    throw std::invalid_argument(what + ": is a folder, not a file");
-  if (path.back() == '/') throw std::invalid_argument(what + ": ends in '/': names a folder, not a file");
-  const auto slash = path.find_last_of('/');
-  const std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
-  if (::access(dir.c_str(), W_OK) != 0)
-    throw std::invalid_argument(what + ": folder " + dir + " does not exist or is not writable");
 }
 
 std::string gnum(double v) {
@@ -150,9 +134,9 @@ int main(int argc, char** argv) {
   }
 
   try {
-    check_output_path("save", o.save);
-    check_output_path("plot", o.plot);
-    check_output_path("metrics-json", o.metrics_json);
+    apps::check_output_path("save", o.save);
+    apps::check_output_path("plot", o.plot);
+    apps::check_output_path("metrics-json", o.metrics_json);
 #if !MF_WITH_STB
     if (!o.plot.empty())
       throw std::invalid_argument("--plot: this build has no PNG support (the stb headers, libstb-dev, were not found)");

@@ -274,6 +274,27 @@ TEST(PredictTool, ClassifiesFilesAndReportsEachBadOne) {
   EXPECT_NE(r.err.find("--model is required"), std::string::npos) << r.err;
 }
 
+// --grid naming a folder is refused before the model is loaded or any image classified
+// (the grid is written last, after a pass over the 10,000 test digits).
+TEST(PredictTool, GridPathThatIsAFolderIsRefusedUpFront) {
+  TempDir dir;
+  Rng rng(1);
+  Sequential m = Sequential::mnist_cnn(rng);
+  apps::save_checkpoint(dir.file("m.ckpt"), m, nullptr, {});
+  one().save(dir.file("one.png"));
+  for (const std::string& grid : {dir.path().string(), dir.file("new/")}) {
+    SCOPED_TRACE(grid);
+    const RunResult r = run("--model " + dir.file("m.ckpt") + " --data /nonexistent/mnist --grid " + grid + " " +
+                                dir.file("one.png"),
+                            dir.file(""));
+    EXPECT_EQ(r.status, 1);
+    EXPECT_EQ(lines(r.err), 1) << r.err;
+    EXPECT_NE(r.err.find("predict: error: --grid " + grid + ": "), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("a folder, not a file"), std::string::npos) << r.err;
+    EXPECT_TRUE(r.out.empty()) << "nothing was classified: " << r.out;
+  }
+}
+
 TEST(PredictTool, ATrainedModelReadsDrawnDigits) {
   const std::string data = mnist_dir();
   if (!fs::exists(data)) GTEST_SKIP() << "no MNIST at " << data;
