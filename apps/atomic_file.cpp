@@ -1,6 +1,7 @@
 // atomic_file.cpp: temp file + fsync + rename (see atomic_file.h).
 #include "apps/atomic_file.h"
 
+#include <atomic>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -24,7 +25,39 @@ std::string parent_dir(const std::string& path) {
   return path.substr(0, slash);
 }
 
+// The temporary file of the write in progress, published for remove_temp_file_in_progress.
+// The name is copied into a static buffer (a signal handler must not follow a pointer
+// into a std::string that another thread may free). State: 0 free, 1 being filled in by
+// the writer that took it, 2 published.
+char g_temp_name[4096];
+std::atomic<int> g_temp_state{0};
+static_assert(std::atomic<int>::is_always_lock_free, "a signal handler reads g_temp_state");
+
+// Publishes `tmp` for the lifetime of the guard, if the slot is free and the name fits.
+class TempFileInProgress {
+ public:
+  explicit TempFileInProgress(const std::string& tmp) {
+    int expected = 0;
+    if (tmp.size() >= sizeof g_temp_name || !g_temp_state.compare_exchange_strong(expected, 1)) return;
+    std::memcpy(g_temp_name, tmp.c_str(), tmp.size() + 1);
+    g_temp_state.store(2);
+    owner_ = true;
+  }
+  ~TempFileInProgress() {
+    if (owner_) g_temp_state.store(0);
+  }
+  TempFileInProgress(const TempFileInProgress&) = delete;
+  TempFileInProgress& operator=(const TempFileInProgress&) = delete;
+
+ private:
+  bool owner_ = false;
+};
+
 }  // namespace
+
+void remove_temp_file_in_progress() noexcept {
+  if (g_temp_state.load() == 2) (void)::unlink(g_temp_name);
+}
 
 std::string atomic_temp_name(const std::string& path, int attempt) {
   const std::string first = path + ".tmp." + std::to_string(::getpid());
@@ -51,6 +84,9 @@ void write_bytes_atomic(const std::string& path, const void* data, std::size_t s
                                                   " and the next " + std::to_string(kAtomicTempAttempts - 1) +
                                                   " names are taken)",
                                         EEXIST));
+  // Until the guard goes, after the rename or the unlink below: a signal arriving in
+  // between makes the handler unlink a name that is already gone, which is harmless.
+  const TempFileInProgress in_progress(tmp);
   auto fail = [&](const std::string& what) {
     const int err = errno;
     ::close(fd);

@@ -17,6 +17,13 @@ namespace mf::apps {
 // std::runtime_error says "<path>: <what failed>: <strerror>".
 void write_bytes_atomic(const std::string& path, const void* data, std::size_t size);
 
+// For a signal handler that ends the process (train_mnist's second Ctrl-C): removes the
+// temporary file of the write_bytes_atomic in progress, if there is one, so that quitting
+// in the middle of a save leaves neither a damaged file nor a stray "<path>.tmp.<pid>".
+// Async-signal-safe (an atomic load and unlink). Only one write is tracked at a time: one
+// started while another is in progress on another thread is not.
+void remove_temp_file_in_progress() noexcept;
+
 // The temporary names write_bytes_atomic tries, in order: "<path>.tmp.<pid>" (attempt 0),
 // then "<path>.tmp.<pid>.<attempt>" for attempt 1 .. kAtomicTempAttempts - 1.
 constexpr int kAtomicTempAttempts = 8;

@@ -18,6 +18,7 @@
 #include <string>
 #include <unistd.h>
 
+#include "apps/atomic_file.h"
 #include "apps/checkpoint.h"
 #include "apps/common.h"
 #include "apps/flags.h"
@@ -40,12 +41,14 @@ namespace {
 
 std::atomic<bool> g_stop{false};
 static_assert(std::atomic<bool>::is_always_lock_free, "the SIGINT handler needs a lock-free flag");
-// First Ctrl-C: finish the current step, save, report. Second: leave at once (only
-// async-signal-safe calls here: write and _exit).
+// First Ctrl-C: finish the current step, save, report. Second: leave at once, removing
+// the temporary file of a save in progress (the checkpoint itself is only ever replaced
+// whole); only async-signal-safe calls here: write, unlink and _exit.
 extern "C" void on_sigint(int) {
   if (g_stop.exchange(true)) {
     static const char kMsg[] = "\ntrain_mnist: interrupted again: exiting now\n";
     (void)!::write(STDERR_FILENO, kMsg, sizeof kMsg - 1);
+    mf::apps::remove_temp_file_in_progress();
     ::_exit(130);
   }
   static const char kMsg[] = "\ntrain_mnist: stopping after this step (Ctrl-C again to quit at once)\n";

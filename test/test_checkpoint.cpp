@@ -340,6 +340,40 @@ TEST(AtomicFile, PlantedSymlinkAtTheTemporaryNameIsNotFollowed) {
   EXPECT_EQ(slurp(path), text);
 }
 
+// What train_mnist's second Ctrl-C does: the process ends in the middle of a save, from a
+// signal handler. The handler removes the temporary file; the old file stays as it was.
+// Here the signal comes from the write itself: past RLIMIT_FSIZE, write() raises SIGXFSZ.
+extern "C" void exit_removing_the_temp_file(int) {
+  apps::remove_temp_file_in_progress();
+  ::_exit(130);
+}
+
+TEST(AtomicFileDeathTest, ProcessEndingMidWriteLeavesNoTemporaryFile) {
+  TempDir dir;
+  const std::string path = dir.file("run.ckpt");
+  spit(path, "old checkpoint\n");
+  const std::string big(std::size_t{1} << 20, 'x');
+  EXPECT_EXIT(
+      {
+        struct sigaction sa {};
+        sa.sa_handler = exit_removing_the_temp_file;
+        sigemptyset(&sa.sa_mask);
+        sigaction(SIGXFSZ, &sa, nullptr);
+        rlimit small{};
+        getrlimit(RLIMIT_FSIZE, &small);
+        small.rlim_cur = 4096;
+        setrlimit(RLIMIT_FSIZE, &small);
+        apps::write_bytes_atomic(path, big.data(), big.size());
+        std::fprintf(stderr, "the write finished");
+        std::exit(0);
+      },
+      ::testing::ExitedWithCode(130), "");
+  EXPECT_EQ(slurp(path), "old checkpoint\n");
+  std::string left;
+  for (const auto& e : fs::directory_iterator(dir.path())) left += e.path().filename().string() + " ";
+  EXPECT_EQ(left, "run.ckpt ") << "the temporary file was left behind";
+}
+
 TEST(Checkpoint, ParserBoundsEveryLength) {
   // With the checksum check off (as the fuzzer runs it), a header claiming huge sizes must
   // be refused as malformed, naming the field, not allocated. Each length, count, rank and
