@@ -2,6 +2,7 @@
 #include "apps/image.h"
 
 #include <algorithm>
+#include <cctype>
 #include <climits>
 #include <cmath>
 #include <memory>
@@ -26,9 +27,135 @@ struct StbiFree {
   void operator()(stbi_uc* p) const { stbi_image_free(p); }
 };
 
-std::string stb_reason() {
+// The formats stb_impl.cpp decodes, told apart by their first bytes as stb's own probes do:
+// the 8-byte PNG signature, a JPEG's SOI marker (FF D8, after any FF fill bytes), "BM".
+enum class Format { kUnknown, kPng, kJpeg, kBmp };
+
+Format detect_format(const std::uint8_t* p, std::size_t size) {
+  static const std::uint8_t kPng[8] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1a, '\n'};
+  if (size >= 8 && std::equal(kPng, kPng + 8, p)) return Format::kPng;
+  if (size >= 2 && p[0] == 'B' && p[1] == 'M') return Format::kBmp;
+  std::size_t i = 0;
+  while (i < size && p[i] == 0xff) ++i;
+  return i > 0 && i < size && p[i] == 0xd8 ? Format::kJpeg : Format::kUnknown;
+}
+
+const char* format_name(Format f) {
+  switch (f) {
+    case Format::kPng: return "PNG";
+    case Format::kJpeg: return "JPEG";
+    case Format::kBmp: return "BMP";
+    case Format::kUnknown: break;
+  }
+  return "image";
+}
+
+// stb's reason for refusing a file, or "" where it is not the decoder's own: stb keeps the
+// last complaint of any format it probed ("bad png sig" for a JPEG, "no SOI" for a PNG) and
+// builds a PNG's from the bytes of a chunk type, which may be cut short or binary.
+std::string stb_detail() {
   const char* r = stbi_failure_reason();
-  return r && *r ? r : "unknown error";
+  const std::string why = r ? r : "";
+  for (const char* probe : {"bad png sig", "no SOI", "not BMP", "unknown image type"})
+    if (why == probe) return "";
+  for (const char c : why)
+    if (c < ' ' || c > '~') return "";
+  return why;
+}
+
+std::uint32_t be32(const std::uint8_t* p) {
+  return (std::uint32_t{p[0]} << 24) | (std::uint32_t{p[1]} << 16) | (std::uint32_t{p[2]} << 8) | p[3];
+}
+std::uint32_t le32(const std::uint8_t* p) {
+  return std::uint32_t{p[0]} | (std::uint32_t{p[1]} << 8) | (std::uint32_t{p[2]} << 16) | (std::uint32_t{p[3]} << 24);
+}
+std::uint32_t le16(const std::uint8_t* p) { return std::uint32_t{p[0]} | (std::uint32_t{p[1]} << 8); }
+
+// "" if a PNG's chunks run whole up to IEND, else what is missing. stb 2.27 reads chunks up
+// to IEND too, but names a cut one by its type's first bytes ("IDA") or by nothing.
+std::string png_truncation(const std::uint8_t* p, std::size_t size) {
+  const std::string has = "the file (" + std::to_string(size) + " bytes) ends ";
+  std::uint64_t pos = 8;  // after the signature; each chunk: length, type, data, CRC
+  for (;;) {
+    if (pos == size) return has + "before its IEND chunk";
+    if (pos + 8 > size) return has + "inside a chunk header";
+    const std::string type(reinterpret_cast<const char*>(p + pos + 4), 4);
+    for (const char c : type)
+      if (!std::isalpha(static_cast<unsigned char>(c))) return "";  // corrupt, not cut: stb says so
+    const std::uint64_t end = pos + 12 + be32(p + pos);
+    if (end > size) return has + "inside its " + type + " chunk, which ends at byte " + std::to_string(end);
+    if (type == "IEND") return "";
+    pos = end;
+  }
+}
+
+// Whether a JPEG ends before its end-of-image marker (FF D9), which stb 2.27 requires too
+// (reporting "expected marker", or another format's complaint when the cut is in the
+// header). Marker segments are skipped by their length.
+bool jpeg_truncated(const std::uint8_t* p, std::size_t size) {
+  std::size_t pos = 0;
+  while (pos < size) {
+    if (p[pos] != 0xff) {  // junk between segments: skipped, as stb's header reader does
+      ++pos;
+      continue;
+    }
+    while (pos < size && p[pos] == 0xff) ++pos;  // fill bytes
+    if (pos == size) return true;
+    const int m = p[pos++];
+    if (m == 0xd9) return false;
+    if (m == 0x00 || m == 0x01 || (m >= 0xd0 && m <= 0xd8)) continue;  // markers without a length
+    if (pos + 2 > size) return true;
+    const std::size_t len = (std::size_t{p[pos]} << 8) | p[pos + 1];
+    if (len < 2) return false;  // corrupt, not cut: stb says so
+    if (pos + len > size) return true;
+    pos += len;
+    if (m != 0xda) continue;
+    // After a scan header the entropy-coded data runs to the next marker: FF 00 is a stuffed
+    // FF and FF D0-D7 a restart marker, neither ends it.
+    for (; pos + 1 < size; ++pos) {
+      const int next = p[pos + 1];
+      if (p[pos] == 0xff && next != 0x00 && (next < 0xd0 || next > 0xd7)) break;
+    }
+    if (pos + 1 >= size) return true;
+  }
+  return true;
+}
+
+// "" if a BMP's file and info headers are whole, else where it ends (stb would read zeros).
+// An info header of a size stb does not know is left to stb to refuse.
+std::string bmp_header_truncation(const std::uint8_t* p, std::size_t size) {
+  if (size < 18) return "the file (" + std::to_string(size) + " bytes) ends inside its header";
+  const std::uint32_t info = le32(p + 14);
+  if (info != 12 && info != 40 && info != 56 && info != 108 && info != 124) return "";
+  const std::uint64_t header = 14 + std::uint64_t{info};  // file header + info header
+  if (size < header)
+    return "the file (" + std::to_string(size) + " bytes) ends inside its " + std::to_string(header) + "-byte header";
+  return "";
+}
+
+// "" if a BMP holds all the pixel bytes its header promises, else the shortfall: stb 2.27
+// reads zeros past the end of a cut file and decodes it without a word. Laid out as
+// stbi__bmp_load reads it, for whole headers that stbi_info accepted: the pixels start at the
+// header's offset; a row holds ceil(w * bpp / 8) bytes (stb reads 4 a pixel above 24 bits),
+// padded to a multiple of 4. The last row's padding, which stb never reads, may be missing.
+std::string bmp_truncation(const std::uint8_t* p, std::size_t size, std::int64_t width, std::int64_t height) {
+  const std::uint64_t header = 14 + std::uint64_t{le32(p + 14)};  // file header + info header
+  const std::uint32_t bpp = le16(p + (header == 26 ? 24 : 28));  // OS/2 (12-byte) or Windows
+  const auto w = static_cast<std::uint64_t>(width);
+  std::uint64_t row = 0;
+  switch (bpp) {
+    case 1: row = (w + 7) / 8; break;
+    case 4: row = (w + 1) / 2; break;
+    case 8: row = w; break;
+    case 16: row = 2 * w; break;
+    case 24: row = 3 * w; break;
+    default: row = bpp > 16 ? 4 * w : 0;  // 2 bits and such: stb refuses the file itself
+  }
+  if (row == 0) return "";
+  const std::uint64_t stride = (row + 3) / 4 * 4, h = static_cast<std::uint64_t>(height);
+  const std::uint64_t offset = le32(p + 10), has = size > offset ? size - offset : 0;
+  if (has >= stride * (h - 1) + row) return "";
+  return "the header says " + std::to_string(stride * h) + " bytes of pixels, the file has " + std::to_string(has);
 }
 
 // stb_image 2.27 (Debian's libstb-dev) builds a JPEG Huffman table from 16 counts without
@@ -112,43 +239,65 @@ GrayImage decode_gray_image(const std::uint8_t* bytes, std::size_t size, const s
   if (size == 0) throw ImageError(name, "empty file (0 bytes), not an image");
   if (size > static_cast<std::size_t>(INT_MAX)) throw ImageError(name, "file too large for an image decoder");
   const int len = static_cast<int>(size);
-  int w = 0, h = 0, comp = 0;
-  // stbi_info tries every format and keeps the last one's complaint, so a PNG it refuses
-  // for its size would read "unknown image type": look at the PNG header (IHDR) first.
-  static const std::uint8_t kPng[8] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1a, '\n'};
-  if (size >= 24 && std::equal(kPng, kPng + 8, bytes)) {
-    auto be32 = [&](std::size_t at) {
-      return (std::uint32_t{bytes[at]} << 24) | (std::uint32_t{bytes[at + 1]} << 16) |
-             (std::uint32_t{bytes[at + 2]} << 8) | std::uint32_t{bytes[at + 3]};
-    };
-    const std::uint32_t pw = be32(16), ph = be32(20);
-    if (pw == 0 || ph == 0)
-      throw ImageError(name, "zero-size image (" + std::to_string(pw) + "x" + std::to_string(ph) + ")");
-    if (pw > static_cast<std::uint32_t>(kMaxImageSide) || ph > static_cast<std::uint32_t>(kMaxImageSide))
-      throw ImageError(name, "image is " + std::to_string(pw) + "x" + std::to_string(ph) + " pixels, more than " +
-                                 std::to_string(kMaxImageSide) + " a side: refusing to decode it");
+  const Format format = detect_format(bytes, size);
+  if (format == Format::kUnknown)
+    throw ImageError(name, "not a readable image: its first bytes match no PNG, JPEG or BMP file");
+  const std::string kind = format_name(format);
+  // A file cut short says so before stb looks at it: stb's own reasons for it are cryptic.
+  if (format == Format::kPng) {
+    const std::string cut = png_truncation(bytes, size);
+    if (!cut.empty()) throw ImageError(name, "truncated PNG: " + cut);
+    // stbi_info gives no reason when it refuses a header, so a PNG it refuses for its size
+    // would read "corrupt": look at its header (IHDR, the first chunk) first.
+    if (size >= 24 && std::equal(bytes + 12, bytes + 16, "IHDR")) {
+      const std::uint32_t pw = be32(bytes + 16), ph = be32(bytes + 20);
+      if (pw == 0 || ph == 0)
+        throw ImageError(name, "zero-size image (" + std::to_string(pw) + "x" + std::to_string(ph) + ")");
+      if (pw > static_cast<std::uint32_t>(kMaxImageSide) || ph > static_cast<std::uint32_t>(kMaxImageSide))
+        throw ImageError(name, "image is " + std::to_string(pw) + "x" + std::to_string(ph) + " pixels, more than " +
+                                   std::to_string(kMaxImageSide) + " a side: refusing to decode it");
+    }
   }
-  if (jpeg_dht_overflows(bytes, size))
-    throw ImageError(name, "corrupt JPEG: a Huffman table holds more than 256 codes");
+  if (format == Format::kJpeg) {
+    if (jpeg_dht_overflows(bytes, size))
+      throw ImageError(name, "corrupt JPEG: a Huffman table holds more than 256 codes");
+    if (jpeg_truncated(bytes, size))
+      throw ImageError(name, "truncated JPEG: the file (" + std::to_string(size) +
+                                 " bytes) ends before its end-of-image marker (FF D9)");
+  }
+  if (format == Format::kBmp) {
+    const std::string cut = bmp_header_truncation(bytes, size);
+    if (!cut.empty()) throw ImageError(name, "truncated BMP: " + cut);
+  }
   // Header only: the size is checked before a single pixel is decoded or allocated.
-  if (!stbi_info_from_memory(bytes, len, &w, &h, &comp)) {
-    const std::string why = stb_reason();
-    if (why == "0-pixel image") throw ImageError(name, "zero-size image (0 pixels wide or high)");
-    throw ImageError(name, "not a readable image (PNG, JPEG or BMP expected): " + why);
+  int w = 0, h = 0, comp = 0;
+  if (!stbi_info_from_memory(bytes, len, &w, &h, &comp))
+    throw ImageError(name, "corrupt or unsupported " + kind + ": stb_image cannot read its header");
+  // A top-down BMP stores its height negated; stbi_info passes it on as it is (stb decodes
+  // such a file the right way up).
+  const std::int64_t width = w, height = format == Format::kBmp && h < 0 ? -std::int64_t{h} : h;
+  const std::string size_text = std::to_string(width) + "x" + std::to_string(height);
+  if (width <= 0 || height <= 0) throw ImageError(name, "zero-size image (" + size_text + ")");
+  if (width > kMaxImageSide || height > kMaxImageSide)
+    throw ImageError(name, "image is " + size_text + " pixels, more than " + std::to_string(kMaxImageSide) +
+                               " a side: refusing to decode it");
+  if (width * height > max_pixels)
+    throw ImageError(name, "image is " + size_text + " pixels, more than " + std::to_string(max_pixels >> 20) +
+                               " Mpixel: refusing to decode it");
+  if (format == Format::kBmp) {
+    const std::string cut = bmp_truncation(bytes, size, width, height);
+    if (!cut.empty()) throw ImageError(name, "truncated BMP: " + cut);
   }
-  if (w <= 0 || h <= 0)
-    throw ImageError(name, "zero-size image (" + std::to_string(w) + "x" + std::to_string(h) + ")");
-  if (w > kMaxImageSide || h > kMaxImageSide)
-    throw ImageError(name, "image is " + std::to_string(w) + "x" + std::to_string(h) + " pixels, more than " +
-                               std::to_string(kMaxImageSide) + " a side: refusing to decode it");
-  if (static_cast<std::int64_t>(w) * h > max_pixels)
-    throw ImageError(name, "image is " + std::to_string(w) + "x" + std::to_string(h) + " pixels, more than " +
-                               std::to_string(max_pixels >> 20) + " Mpixel: refusing to decode it");
+  w = static_cast<int>(width), h = static_cast<int>(height);
   const bool alpha = comp == 2 || comp == 4;
   const int want = alpha ? 2 : 1;  // grey (+ alpha)
   int w2 = 0, h2 = 0, c2 = 0;
   std::unique_ptr<stbi_uc, StbiFree> px(stbi_load_from_memory(bytes, len, &w2, &h2, &c2, want));
-  if (!px) throw ImageError(name, std::string("cannot decode the image: ") + stb_reason());
+  if (!px) {
+    const std::string why = stb_detail();
+    throw ImageError(name, "corrupt or unsupported " + kind +
+                               (why.empty() ? " (stb_image gives no reason)" : " (stb_image: " + why + ")"));
+  }
   if (w2 != w || h2 != h) throw ImageError(name, "the image's header and its data disagree on its size");
 
   GrayImage img;
@@ -291,8 +440,11 @@ bool image_info(const std::string& path, int* width, int* height, int* channels)
     return false;
   }
   if (bytes.empty() || bytes.size() > static_cast<std::size_t>(INT_MAX)) return false;
-  return stbi_info_from_memory(reinterpret_cast<const stbi_uc*>(bytes.data()), static_cast<int>(bytes.size()), width,
-                               height, channels) != 0;
+  if (!stbi_info_from_memory(reinterpret_cast<const stbi_uc*>(bytes.data()), static_cast<int>(bytes.size()), width,
+                             height, channels))
+    return false;
+  if (height && *height < 0 && *height != INT_MIN) *height = -*height;  // a top-down BMP (see decode_gray_image)
+  return true;
 }
 
 }  // namespace mf::apps

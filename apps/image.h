@@ -34,11 +34,14 @@ struct GrayImage {
 };
 
 // Decodes PNG, JPEG or BMP bytes to grey (stb's luma weights
-// 77/150/29 of 256). A transparent image is composited over the opposite of its strokes'
-// shade (dark strokes over white, light strokes over black), so a digit drawn on a
-// transparent canvas keeps its contrast. Throws ImageError (`name` stands in for the path)
-// for an empty input, an unknown or broken format, a zero or absurd size (over
-// kMaxImageSide a side or `max_pixels` in all).
+// 77/150/29 of 256); top-down BMPs (negative height) too. A transparent image is composited
+// over the opposite of its strokes' shade (dark strokes over white, light strokes over
+// black), so a digit drawn on a transparent canvas keeps its contrast. Throws ImageError
+// (`name` stands in for the path) for an empty input, an unknown format (told by the first
+// bytes), a file cut short (a PNG before IEND, a JPEG before its end marker, a BMP short of
+// the pixel bytes its header gives: stb would fill them with zeros), a broken one ("corrupt
+// or unsupported PNG", with stb's reason), a zero or absurd size (over kMaxImageSide a side
+// or `max_pixels` in all).
 GrayImage decode_gray_image(const std::uint8_t* bytes, std::size_t size, const std::string& name,
                             std::int64_t max_pixels = kMaxImagePixels);
 GrayImage read_gray_image(const std::string& path);

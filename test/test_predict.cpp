@@ -21,6 +21,7 @@
 #include "apps/image.h"
 #include "apps/plot.h"
 #include "data/mnist.h"
+#include <stb_image_write.h>
 #include "layers/sequential.h"
 #include "optim/adam.h"
 #include "tensor/rng.h"
@@ -69,6 +70,69 @@ Drawing zero() {
 }
 
 apps::GrayImage gray(const Drawing& d) { return apps::GrayImage{d.w, d.h, d.px}; }
+
+// Little-endian integer of n bytes, appended to b.
+void put_le(std::string& b, std::uint32_t v, int n) {
+  for (int i = 0; i < n; ++i) b += static_cast<char>((v >> (8 * i)) & 0xff);
+}
+
+// The 54-byte header of a BMP (BITMAPINFOHEADER, no compression): w x h pixels of `bpp` bits,
+// a negative h meaning top-down rows, and `palette` colours between header and pixels.
+std::string bmp_header(int w, int h, int bpp, int palette, std::uint32_t pixel_bytes) {
+  std::string b = "BM";
+  const std::uint32_t offset = 54 + 4 * static_cast<std::uint32_t>(palette);
+  put_le(b, offset + pixel_bytes, 4);  // file size
+  put_le(b, 0, 4);                     // reserved
+  put_le(b, offset, 4);                // where the pixels start
+  put_le(b, 40, 4);                    // BITMAPINFOHEADER
+  put_le(b, static_cast<std::uint32_t>(w), 4);
+  put_le(b, static_cast<std::uint32_t>(h), 4);
+  put_le(b, 1, 2);  // planes
+  put_le(b, static_cast<std::uint32_t>(bpp), 2);
+  put_le(b, 0, 4);  // BI_RGB
+  put_le(b, pixel_bytes, 4);
+  put_le(b, 2835, 4), put_le(b, 2835, 4);  // 72 dpi
+  put_le(b, static_cast<std::uint32_t>(palette), 4), put_le(b, 0, 4);
+  return b;
+}
+
+// A BMP of a grey drawing, 8-bit with a grey palette or 24-bit, rows padded to 4 bytes,
+// stored bottom-up (the usual form) or top-down (negative height).
+std::string bmp(const Drawing& d, int bpp, bool top_down) {
+  const int row = (d.w * bpp / 8 + 3) / 4 * 4;
+  const int palette = bpp == 8 ? 256 : 0;
+  std::string b = bmp_header(d.w, top_down ? -d.h : d.h, bpp, palette, static_cast<std::uint32_t>(row * d.h));
+  for (int i = 0; i < palette; ++i) put_le(b, static_cast<std::uint32_t>(i) * 0x010101u, 4);
+  for (int r = 0; r < d.h; ++r) {
+    const int y = top_down ? r : d.h - 1 - r;
+    std::string line;
+    for (int x = 0; x < d.w; ++x) line.append(bpp / 8, static_cast<char>(d.px[static_cast<std::size_t>(y) * d.w + x]));
+    line.resize(static_cast<std::size_t>(row), '\0');
+    b += line;
+  }
+  return b;
+}
+
+// A grey test pattern with no symmetry, so a flipped or shifted decode shows.
+Drawing pattern(int w, int h) {
+  Drawing d(w, h, 0);
+  for (std::size_t i = 0; i < d.px.size(); ++i) d.px[i] = static_cast<std::uint8_t>((i * 7) % 251);
+  return d;
+}
+
+void save_bytes(const std::string& path, const std::string& bytes) {
+  std::ofstream(path, std::ios::binary) << bytes;
+}
+
+// What read_gray_image throws for `path` ("" if it decodes).
+std::string image_error(const std::string& path) {
+  try {
+    apps::read_gray_image(path);
+  } catch (const apps::ImageError& e) {
+    return e.what();
+  }
+  return "";
+}
 
 struct RunResult {
   int status;
@@ -207,7 +271,87 @@ TEST(Images, BadFilesGiveOneClearError) {
   expect_error(dir.file("cut.jpg"), "");
   // Truncated in the middle of the pixel data.
   std::ofstream(dir.file("cut.png"), std::ios::binary) << png.substr(0, png.size() / 2);
-  expect_error(dir.file("cut.png"), "cannot decode");
+  expect_error(dir.file("cut.png"), "truncated PNG");
+}
+
+// A top-down BMP (negative height in its header, stb_info reports it as is) decodes to the
+// same pixels as the same image stored bottom-up, 8-bit paletted or 24-bit.
+TEST(Images, TopDownBmpDecodesLikeBottomUp) {
+  TempDir dir;
+  const Drawing d = pattern(27, 20);  // 27 px: rows need padding to 4 bytes
+  for (int bpp : {8, 24})
+    for (bool top_down : {false, true}) {
+      SCOPED_TRACE(std::to_string(bpp) + (top_down ? "-bit top-down" : "-bit bottom-up"));
+      const std::string path = dir.file("p.bmp");
+      save_bytes(path, bmp(d, bpp, top_down));
+      try {
+        const apps::GrayImage img = apps::read_gray_image(path);
+        EXPECT_EQ(img.width, d.w);
+        EXPECT_EQ(img.height, d.h);
+        EXPECT_TRUE(img.pixels == d.px) << "pixels differ (flipped?)";
+      } catch (const apps::ImageError& e) {
+        ADD_FAILURE() << e.what();
+      }
+    }
+}
+
+// stb fills the rows missing from a cut BMP with zeros: such a file must be refused from its
+// size, before decoding, as must a bare header claiming 16384x4096 pixels (4.5 s, 489 MB).
+TEST(Images, TruncatedBmpIsRefusedFromItsSize) {
+  TempDir dir;
+  const Drawing d = pattern(27, 20);
+  for (int bpp : {8, 24}) {
+    const std::string full = bmp(d, bpp, false);
+    const std::size_t pixels = static_cast<std::size_t>((d.w * bpp / 8 + 3) / 4 * 4) * d.h;
+    const std::size_t header = full.size() - pixels;
+    for (std::size_t keep : {header + pixels / 2, header, std::size_t{60}, std::size_t{30}}) {
+      const std::string path = dir.file("cut" + std::to_string(bpp) + "_" + std::to_string(keep) + ".bmp");
+      save_bytes(path, full.substr(0, keep));
+      const std::string e = image_error(path);
+      EXPECT_EQ(e.rfind(path + ": truncated BMP", 0), 0u) << e;
+      if (keep >= header) {
+        EXPECT_NE(e.find("the header says " + std::to_string(pixels) + " bytes of pixels, the file has " +
+                         std::to_string(keep - header)),
+                  std::string::npos)
+            << e;
+      }
+    }
+  }
+  save_bytes(dir.file("giant.bmp"), bmp_header(16384, 4096, 24, 0, 16384u * 3 * 4096));
+  const std::string giant = image_error(dir.file("giant.bmp"));
+  EXPECT_EQ(giant.rfind(dir.file("giant.bmp") + ": truncated BMP", 0), 0u) << giant;
+  // Past the pixel limit, the size is what is wrong.
+  save_bytes(dir.file("square.bmp"), bmp_header(16384, 16384, 8, 0, 16384u * 16384));
+  const std::string square = image_error(dir.file("square.bmp"));
+  EXPECT_NE(square.find("16384x16384 pixels, more than 64 Mpixel"), std::string::npos) << square;
+}
+
+// A PNG or JPEG cut short is reported as such, naming its format, never with stb's
+// leftovers ("IDA", "unknown error", or "bad png sig" for a JPEG).
+TEST(Images, CutPngAndJpegNameTheirFormat) {
+  TempDir dir;
+  const Drawing d = zero().inverted();
+  const std::string png = apps::encode_png(d.w, d.h, 1, d.px.data());
+  std::string jpeg;
+  ASSERT_TRUE(stbi_write_jpg_to_func(
+      [](void* out, void* data, int n) { static_cast<std::string*>(out)->append(static_cast<char*>(data), n); },
+      &jpeg, d.w, d.h, 1, d.px.data(), 90));
+  ASSERT_GT(jpeg.size(), 400u);
+  auto check = [&](const std::string& bytes, std::size_t keep, const std::string& name, const std::string& want) {
+    const std::string path = dir.file(name + std::to_string(keep));
+    save_bytes(path, bytes.substr(0, keep));
+    const std::string e = image_error(path);
+    EXPECT_EQ(e.rfind(path + ": " + want, 0), 0u) << "cut at " << keep << " of " << bytes.size() << ": " << e;
+  };
+  for (std::size_t keep : {std::size_t{20}, std::size_t{40}, png.size() / 2, png.size() - 12, png.size() - 5})
+    check(png, keep, "cut.png.", "truncated PNG");
+  for (std::size_t keep : {std::size_t{200}, jpeg.size() / 2, jpeg.size() - 2})
+    check(jpeg, keep, "cut.jpg.", "truncated JPEG");
+  // Whole files still decode.
+  save_bytes(dir.file("whole.jpg"), jpeg);
+  EXPECT_EQ(image_error(dir.file("whole.jpg")), "");
+  save_bytes(dir.file("whole.png"), png);
+  EXPECT_EQ(image_error(dir.file("whole.png")), "");
 }
 
 TEST(Plot, WritesAValidPng) {
