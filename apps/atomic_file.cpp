@@ -4,6 +4,7 @@
 #include <atomic>
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fcntl.h>
 #include <stdexcept>
@@ -64,11 +65,54 @@ std::string atomic_temp_name(const std::string& path, int attempt) {
   return attempt == 0 ? first : first + "." + std::to_string(attempt);
 }
 
+namespace {
+
+// Writes everything to fd, retrying short writes and EINTR; false with errno set on failure.
+bool write_all(int fd, const void* data, std::size_t size) {
+  const char* p = static_cast<const char*>(data);
+  while (size > 0) {
+    const ssize_t n = ::write(fd, p, size);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return false;
+    }
+    p += n;
+    size -= static_cast<std::size_t>(n);
+  }
+  return true;
+}
+
+// A device or a pipe (/dev/stdout, /dev/null, a FIFO): written in place, as a shell
+// redirection would; replacing it with a regular file would break it for everyone.
+void write_in_place(const std::string& path, const void* data, std::size_t size) {
+  std::fflush(nullptr);  // /dev/stdout: what the program printed before comes first
+  const int fd = ::open(path.c_str(), O_WRONLY | O_NOCTTY | O_CLOEXEC);
+  if (fd < 0) throw std::runtime_error(error_text(path, "cannot open", errno));
+  if (!write_all(fd, data, size)) {
+    const int err = errno;
+    ::close(fd);
+    throw std::runtime_error(error_text(path, "write failed", err));
+  }
+  if (::close(fd) != 0) throw std::runtime_error(error_text(path, "close failed", errno));
+}
+
+}  // namespace
+
 void write_bytes_atomic(const std::string& path, const void* data, std::size_t size) {
   if (path.empty()) throw std::runtime_error("write: empty file name");
-  struct stat st {};
-  if (::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode))
-    throw std::runtime_error(path + ": is a folder, not a file");
+  struct stat st {}, lst {};
+  const bool exists = ::stat(path.c_str(), &st) == 0;  // follows symlinks
+  if (exists && S_ISDIR(st.st_mode)) throw std::runtime_error(path + ": is a folder, not a file");
+  if (exists && !S_ISREG(st.st_mode)) return write_in_place(path, data, size);
+  if (::lstat(path.c_str(), &lst) == 0 && S_ISLNK(lst.st_mode)) {
+    // A symlink to a file: the file it points to is replaced, the link stays a link.
+    if (!exists) throw std::runtime_error(path + ": is a symlink to a missing file");
+    char* resolved = ::realpath(path.c_str(), nullptr);
+    if (!resolved) throw std::runtime_error(error_text(path, "cannot resolve the symlink", errno));
+    const std::string target = resolved;
+    std::free(resolved);
+    return write_bytes_atomic(target, data, size);
+  }
   // A fresh file only: O_EXCL fails (EEXIST) on any existing name, a symlink included, so
   // nothing outside this file is ever opened or truncated; O_NOFOLLOW says the same twice.
   // A name that is taken is somebody's: try the next one rather than remove it.
@@ -93,17 +137,7 @@ void write_bytes_atomic(const std::string& path, const void* data, std::size_t s
     ::unlink(tmp.c_str());
     throw std::runtime_error(error_text(path, what, err));
   };
-  const char* p = static_cast<const char*>(data);
-  std::size_t left = size;
-  while (left > 0) {
-    const ssize_t n = ::write(fd, p, left);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      fail("write failed");
-    }
-    p += n;
-    left -= static_cast<std::size_t>(n);
-  }
+  if (!write_all(fd, data, size)) fail("write failed");
   if (::fsync(fd) != 0) fail("fsync failed");
   if (::close(fd) != 0) {
     const int err = errno;
@@ -137,12 +171,34 @@ std::string read_file_bytes(const std::string& path, std::size_t max_bytes) {
     ::close(fd);
     throw std::runtime_error(path + ": is a folder, not a file");
   }
+  std::string out;
+  if (!S_ISREG(st.st_mode)) {
+    // A pipe or a device (/dev/stdin, a process substitution): its size says nothing; read
+    // to the end, within the same limit.
+    char chunk[65536];
+    for (;;) {
+      const ssize_t n = ::read(fd, chunk, sizeof chunk);
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) {
+        const int err = errno;
+        ::close(fd);
+        throw std::runtime_error(error_text(path, "read failed", err));
+      }
+      if (n == 0) break;
+      out.append(chunk, static_cast<std::size_t>(n));
+      if (out.size() > max_bytes) {
+        ::close(fd);
+        throw std::runtime_error(path + ": too large (more than " + std::to_string(max_bytes) + " bytes expected)");
+      }
+    }
+    ::close(fd);
+    return out;
+  }
   if (static_cast<std::size_t>(st.st_size) > max_bytes) {
     ::close(fd);
     throw std::runtime_error(path + ": too large (" + std::to_string(st.st_size) + " bytes, at most " +
                              std::to_string(max_bytes) + " expected)");
   }
-  std::string out;
   out.resize(static_cast<std::size_t>(st.st_size));
   std::size_t got = 0;
   while (got < out.size()) {

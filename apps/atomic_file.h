@@ -15,6 +15,8 @@ namespace mf::apps {
 // is left alone and the next name is tried, up to kAtomicTempAttempts names.
 // On any failure the temporary file is removed, the old `path` is left as it was, and
 // std::runtime_error says "<path>: <what failed>: <strerror>".
+// A `path` that is a symlink to a file has that file replaced (the link stays); one that is
+// a device or a pipe (/dev/stdout, /dev/null, a FIFO) is written in place, not replaced.
 void write_bytes_atomic(const std::string& path, const void* data, std::size_t size);
 
 // For a signal handler that ends the process (train_mnist's second Ctrl-C): removes the
@@ -29,7 +31,7 @@ void remove_temp_file_in_progress() noexcept;
 constexpr int kAtomicTempAttempts = 8;
 std::string atomic_temp_name(const std::string& path, int attempt);
 
-// Reads a whole file. Throws std::runtime_error "<path>: <why>" if it cannot be opened or
+// Reads a whole file (a pipe or a device to its end). Throws std::runtime_error "<path>: <why>" if it cannot be opened or
 // read, or is larger than `max_bytes` (a guard against reading a disk image by mistake).
 std::string read_file_bytes(const std::string& path, std::size_t max_bytes = std::size_t{1} << 32);
 

@@ -435,6 +435,36 @@ void restore_checkpoint(const CheckpointContents& c, const std::uint8_t* bytes, 
                                          : ""));
   }
 
+  // The values: the checksum proves the file is whole, not that what was saved is sane. A
+  // NaN weight would predict "nan%" for every class; a negative step count would give Adam
+  // a bias correction of the wrong sign.
+  for (const auto& t : targets) {
+    const Tensor h = host_tensor(*t.src, bytes);
+    const std::string what = std::string(t.param ? "weight tensor '" : "optimizer state '") + t.src->name + "'";
+    if (h.dtype() == DType::kI32) {
+      // Counts, except the loss scaler's first word: its scale, a float (kernels/launchers.h).
+      const std::int32_t* v = h.data<std::int32_t>();
+      const bool scaler = t.src->name.size() >= 11 && t.src->name.compare(t.src->name.size() - 11, 11, "loss_scaler") == 0;
+      for (std::int64_t i = 0; i < h.numel(); ++i) {
+        if (scaler && i == 0) {
+          float scale = 0;
+          std::memcpy(&scale, v, sizeof scale);
+          if (!(std::isfinite(scale) && scale > 0))
+            throw CheckpointError(name, what + " holds a loss scale of " + std::to_string(scale));
+        } else if (v[i] < 0) {
+          throw CheckpointError(name, what + " holds a negative count (" + std::to_string(v[i]) + ")");
+        }
+      }
+    } else if (h.dtype() == DType::kF32 || h.dtype() == DType::kF16) {
+      const Tensor f = h.dtype() == DType::kF32 ? h : h.to(DType::kF32);
+      const float* v = f.data<float>();
+      for (std::int64_t i = 0; i < f.numel(); ++i)
+        if (!std::isfinite(v[i]))
+          throw CheckpointError(name, what + " holds a non-finite value (" + std::to_string(v[i]) + " at element " +
+                                          std::to_string(i) + ")");
+    }
+  }
+
   // All checked: copy. The compute stream may still be using these buffers.
   bool any_gpu = false;
   for (const auto& t : targets) any_gpu = any_gpu || t.dst.is_gpu();

@@ -3,10 +3,13 @@
 
 #include "apps/atomic_file.h"
 
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <ctime>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <stdexcept>
@@ -66,8 +69,29 @@ void check_output_path(const char* flag, const std::string& path) {
   if (path.back() == '/') throw std::invalid_argument(what + ": ends in '/': names a folder, not a file");
   const auto slash = path.find_last_of('/');
   const std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
+  if (::stat(dir.c_str(), &st) == 0 && !S_ISDIR(st.st_mode))  // access() alone passes a file
+    throw std::invalid_argument(what + ": " + dir + " is a file, not a folder");
   if (::access(dir.c_str(), W_OK) != 0)
     throw std::invalid_argument(what + ": folder " + dir + " does not exist or is not writable");
+}
+
+bool same_file(const std::string& a, const std::string& b) {
+  if (a.empty() || b.empty()) return false;
+  struct stat sa {}, sb {};
+  if (::stat(a.c_str(), &sa) == 0 && ::stat(b.c_str(), &sb) == 0)
+    return sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;  // hard links and symlinks too
+  // One does not exist yet: the same name once the existing folders and links are resolved.
+  std::error_code ea, eb;
+  const auto ca = std::filesystem::weakly_canonical(a, ea), cb = std::filesystem::weakly_canonical(b, eb);
+  return !ea && !eb && ca == cb;
+}
+
+int exit_status_after_stdout(const char* program, int status) {
+  if (std::fflush(stdout) == 0 && !std::ferror(stdout)) return status;
+  const int err = errno;
+  std::fprintf(stderr, "%s: error: could not write the output (standard output): %s\n", program,
+               err ? std::strerror(err) : "write error");
+  return status == 0 ? 1 : status;
 }
 
 std::string one_line(const std::string& s) {

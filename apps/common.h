@@ -27,6 +27,14 @@ void write_file_atomic(const std::string& path, const std::string& text);
 // not writable. The apps call it before any long work; an empty path passes.
 void check_output_path(const char* flag, const std::string& path);
 
+// True when `a` and `b` name the same file: the same inode when both exist (hard links and
+// symlinks included), else the same path once folders and symlinks are resolved.
+bool same_file(const std::string& a, const std::string& b);
+
+// For the end of main: `status`, or 1 with a one-line error when writing standard output
+// failed (a full disk, a closed pipe), which would otherwise lose the results in silence.
+int exit_status_after_stdout(const char* program, int status);
+
 struct RunInfo {
   Device device;
   bool fp16;

@@ -364,7 +364,7 @@ bool cuda_checks(Report& rep, bool require_gpu) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
+static int run_main(int argc, char** argv) {
   double burn_seconds = 0;
   std::int64_t burn_size = 8192, threads = 0;
   bool require_gpu = false, burn_fp16 = false, no_color = false;
@@ -453,4 +453,8 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "doctor: error: %s\n", apps::one_line(e.what()).c_str());
     return 1;
   }
+}
+
+int main(int argc, char** argv) {
+  return mf::apps::exit_status_after_stdout("doctor", run_main(argc, argv));
 }

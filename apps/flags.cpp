@@ -50,6 +50,9 @@ void Flags::add_string(const std::string& name, std::string* target, const std::
     h += ")";
   }
   specs_[name] = {true, h, *target, [name, target, choices](const std::string& v) {
+                    // An empty value would read as "not given": `--resume ''` would start a
+                    // fresh run over the checkpoint, `--save ''` would save nothing.
+                    if (v.empty()) throw FlagError("--" + name + " needs a value, got an empty string");
                     if (!choices.empty()) {
                       bool ok = false;
                       for (const auto& c : choices) ok = ok || c == v;
@@ -71,8 +74,10 @@ void Flags::add_int(const std::string& name, std::int64_t* target, std::int64_t 
                errno = 0;
                char* end = nullptr;
                const long long x = std::strtoll(v.c_str(), &end, 10);
-               if (v.empty() || *end != '\0' || errno == ERANGE)
-                 throw FlagError("--" + name + " expects a whole number, got '" + v + "'");
+               if (v.empty() || *end != '\0') throw FlagError("--" + name + " expects a whole number, got '" + v + "'");
+               if (errno == ERANGE)
+                 throw FlagError("--" + name + " must be " + int_range_text(lo, hi) + ", got " + v +
+                                 " (beyond a 64-bit integer)");
                if (!int_in_range(x, lo, hi))
                  throw FlagError("--" + name + " must be " + int_range_text(lo, hi) + ", got " + v);
                *target = x;
@@ -90,10 +95,20 @@ void Flags::add_double(const std::string& name, double* target, double lo, doubl
                errno = 0;
                char* end = nullptr;
                const double x = std::strtod(v.c_str(), &end);
-               if (v.empty() || *end != '\0' || errno == ERANGE || !std::isfinite(x))
+               if (v.empty() || *end != '\0' || std::isnan(x) || (std::isinf(x) && errno != ERANGE))
                  throw FlagError("--" + name + " expects a number, got '" + v + "'");
-               if (!double_in_range(x, lo, hi, hi_inclusive))
-                 throw FlagError("--" + name + " must be " + double_range_text(lo, hi, hi_inclusive) + ", got " + v);
+               // Overflow (inf, or ERANGE with HUGE_VAL) and underflow (ERANGE, a subnormal or
+               // zero) are numbers all the same: the range says what is wrong with them.
+               const char* magnitude = errno != ERANGE && std::isfinite(x) ? ""
+                                       : std::fabs(x) >= 1 ? " (beyond a double)"
+                                                            : " (below the smallest normal double)";
+               if (*magnitude || !double_in_range(x, lo, hi, hi_inclusive))
+                 throw FlagError("--" + name + " must be " + double_range_text(lo, hi, hi_inclusive) + ", got " + v +
+                                 magnitude);
+               // The value is used in single precision: 0.99999999999 rounds to 1, outside [0, 1).
+               if (!double_in_range(static_cast<float>(x), lo, hi, hi_inclusive))
+                 throw FlagError("--" + name + " must be " + double_range_text(lo, hi, hi_inclusive) + ", got " + v +
+                                 " (" + fmt_double(static_cast<float>(x)) + " in single precision)");
                *target = x;
              }};
   spec.kind = Kind::kDouble;
@@ -136,7 +151,14 @@ bool Flags::parse(int argc, char** argv) {
       std::fputs(help().c_str(), stdout);
       return false;
     }
-    if (arg.rfind("--", 0) != 0 || arg == "--") {
+    if (arg == "--") {  // the end of the flags: the rest are arguments, even "--x"
+      for (++i; i < argc; ++i) {
+        if (positional_name_.empty()) throw FlagError(std::string("unexpected argument '") + argv[i] + "' (see --help)");
+        positional_.push_back(argv[i]);
+      }
+      break;
+    }
+    if (arg.rfind("--", 0) != 0) {
       if (positional_name_.empty()) throw FlagError("unexpected argument '" + arg + "' (see --help)");
       positional_.push_back(arg);
       continue;
@@ -153,6 +175,10 @@ bool Flags::parse(int argc, char** argv) {
     if (it->second.takes_value) {
       if (!has_value) {
         if (i + 1 >= argc) throw FlagError("--" + name + " needs a value");
+        // `--save --quiet` forgot the file name; it did not mean a file called "--quiet".
+        if (std::string(argv[i + 1]).rfind("--", 0) == 0)
+          throw FlagError("--" + name + " needs a value, got the flag " + argv[i + 1] + " (write --" + name +
+                          "=VALUE for a value that starts with --)");
         value = argv[++i];
       }
     } else if (has_value) {

@@ -90,7 +90,7 @@ void write_grid(Sequential& model, const std::string& data_dir, const std::strin
 
 }  // namespace
 
-int main(int argc, char** argv) {
+static int run_main(int argc, char** argv) {
   std::string model_path, device_name_flag = "cpu", grid, data_dir = apps::default_data_dir();
   std::int64_t top = 3, grid_max = 100;
   bool ascii = false;
@@ -168,4 +168,8 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "predict: error: %s\n", apps::one_line(e.what()).c_str());
     return 1;
   }
+}
+
+int main(int argc, char** argv) {
+  return mf::apps::exit_status_after_stdout("predict", run_main(argc, argv));
 }

@@ -14,8 +14,10 @@
 #include <cstdlib>
 #include <fstream>
 #include <iostream>
+#include <iterator>
 #include <memory>
 #include <string>
+#include <utility>
 #include <unistd.h>
 
 #include "apps/atomic_file.h"
@@ -87,7 +89,7 @@ struct Options {
 
 }  // namespace
 
-int main(int argc, char** argv) {
+static int run_main(int argc, char** argv) {
   using namespace mf;
   Options o;
   o.data_dir = apps::default_data_dir();
@@ -140,6 +142,18 @@ int main(int argc, char** argv) {
     apps::check_output_path("save", o.save);
     apps::check_output_path("plot", o.plot);
     apps::check_output_path("metrics-json", o.metrics_json);
+    // Two of these on one file: --plot or --metrics-json would overwrite the checkpoint
+    // (or each other). Only --save may name --resume's file: the run goes on in it.
+    {
+      const std::pair<const char*, const std::string*> files[] = {
+          {"save", &o.save}, {"resume", &o.resume}, {"plot", &o.plot}, {"metrics-json", &o.metrics_json}};
+      for (std::size_t i = 0; i < std::size(files); ++i)
+        for (std::size_t j = i + 1; j < std::size(files); ++j)
+          if (!(i == 0 && j == 1) && apps::same_file(*files[i].second, *files[j].second))
+            throw std::invalid_argument(std::string("--") + files[i].first + " " + *files[i].second + " and --" +
+                                        files[j].first + " " + *files[j].second +
+                                        " name the same file: one would overwrite the other");
+    }
 #if !MF_WITH_STB
     if (!o.plot.empty())
       throw std::invalid_argument("--plot: this build has no PNG support (the stb headers, libstb-dev, were not found)");
@@ -228,6 +242,13 @@ int main(int argc, char** argv) {
     if (split.train.count == 0) throw std::invalid_argument("no training images left after the validation split");
 
     // ---- model ----
+    // The article's model is for small images: its first Dense layer grows with the image's
+    // area (4000x4000 images would give it 4 billion weights, 64 GB with Adam's state).
+    constexpr std::int64_t kMaxSide = 256;
+    if (mnist.train.rows > kMaxSide || mnist.train.cols > kMaxSide)
+      throw std::invalid_argument(mnist.dir + ": the images are " + std::to_string(mnist.train.rows) + "x" +
+                                  std::to_string(mnist.train.cols) + "; this model takes at most " +
+                                  std::to_string(kMaxSide) + "x" + std::to_string(kMaxSide) + " (MNIST's are 28x28)");
     Rng rng(static_cast<std::uint64_t>(o.seed));
     Sequential model = Sequential::mnist_cnn(rng, mnist.train.rows, mnist.train.cols, 1, mnist.train.num_classes);
     std::fputs(model.summary().c_str(), stdout);
@@ -370,4 +391,8 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "train_mnist: error: %s\n", apps::one_line(e.what()).c_str());
     return 1;
   }
+}
+
+int main(int argc, char** argv) {
+  return mf::apps::exit_status_after_stdout("train_mnist", run_main(argc, argv));
 }

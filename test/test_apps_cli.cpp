@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -88,6 +89,9 @@ TEST(TrainMnistCli, BadFlagsGiveOneLine) {
   expect_one_line_error("--epochs", "--epochs needs a value", kBadFlag);
   expect_one_line_error("--device tpu", "--device must be one of auto, cpu, gpu", kBadFlag);
   expect_one_line_error("--fp16 --device cpu", "--fp16 needs the GPU", kError);
+  // An empty value would read as "not given": a fresh run over the checkpoint.
+  expect_one_line_error("--resume ''", "--resume needs a value, got an empty string", kBadFlag);
+  expect_one_line_error("--save --quiet", "--save needs a value, got the flag --quiet", kBadFlag);
 }
 
 TEST(TrainMnistCli, FlagValueWithANewlineGivesOneLine) {
@@ -125,6 +129,58 @@ TEST(Flags, ErrorsAreOneLine) {
       EXPECT_EQ(w.find_first_of("\n\r"), std::string::npos) << w;
     }
   }
+}
+
+// What a real command line holds besides plain flags: "--", a value that looks like a flag,
+// an empty value, numbers beyond a double or an int64, and values that round to a bound.
+TEST(Flags, EdgesOfTheCommandLine) {
+  struct Parsed {
+    std::string s = "default", error;
+    double x = 0.5;
+    std::int64_t n = 1;
+    std::vector<std::string> positional;
+  };
+  auto parse = [](std::vector<std::string> args) {
+    Parsed p;
+    bool quiet = false;
+    apps::Flags flags("prog", "");
+    flags.add_string("s", &p.s, "");
+    flags.add_double("x", &p.x, 0.0, 1.0, "", /*hi_inclusive=*/false);
+    flags.add_int("n", &p.n, 1, 100, "");
+    flags.add_bool("quiet", &quiet, "");
+    flags.allow_positional("FILE");
+    std::vector<char*> argv{const_cast<char*>("prog")};
+    for (auto& a : args) argv.push_back(a.data());
+    try {
+      flags.parse(static_cast<int>(argv.size()), argv.data());
+      p.positional = flags.positional();
+    } catch (const apps::FlagError& e) {
+      p.error = e.what();
+    }
+    return p;
+  };
+  // "--" ends the flags: what follows is an argument, even when it looks like a flag.
+  Parsed p = parse({"--s", "a", "--", "--quiet", "f.png"});
+  EXPECT_EQ(p.error, "");
+  EXPECT_EQ(p.s, "a");
+  EXPECT_EQ(p.positional, (std::vector<std::string>{"--quiet", "f.png"}));
+  EXPECT_EQ(parse({"--", "x"}).positional, std::vector<std::string>{"x"});
+  // A forgotten value: the next flag is not taken as the value; --s=--x says it is meant.
+  EXPECT_EQ(parse({"--s", "--quiet"}).error,
+            "--s needs a value, got the flag --quiet (write --s=VALUE for a value that starts with --)");
+  EXPECT_EQ(parse({"--s=--quiet"}).s, "--quiet");
+  // An empty value would read as "not given".
+  EXPECT_EQ(parse({"--s", ""}).error, "--s needs a value, got an empty string");
+  EXPECT_EQ(parse({"--s="}).error, "--s needs a value, got an empty string");
+  // Numbers: beyond a double or below its normal range, beyond an int64, rounding to a bound.
+  EXPECT_EQ(parse({"--x", "1e999"}).error, "--x must be in [0, 1), got 1e999 (beyond a double)");
+  EXPECT_EQ(parse({"--x", "1e-320"}).error, "--x must be in [0, 1), got 1e-320 (below the smallest normal double)");
+  EXPECT_EQ(parse({"--x", "inf"}).error, "--x expects a number, got 'inf'");
+  EXPECT_EQ(parse({"--x", "0.99999999999"}).error, "--x must be in [0, 1), got 0.99999999999 (1 in single precision)");
+  EXPECT_EQ(parse({"--x", "0.9999"}).x, 0.9999);
+  EXPECT_EQ(parse({"--n", "99999999999999999999"}).error,
+            "--n must be between 1 and 100, got 99999999999999999999 (beyond a 64-bit integer)");
+  EXPECT_EQ(parse({"--n", "-5"}).error, "--n must be between 1 and 100, got -5");
 }
 
 // The ranges of the flags, for checking values that come from elsewhere (a checkpoint).
@@ -169,6 +225,15 @@ TEST(TrainMnistCli, BadDataGivesOneLine) {
   data::write_idx(dir.file("t10k-labels-idx1-ubyte"), {20}, lab, false);
   fs::resize_file(dir.file("train-images-idx3-ubyte"), 16 + 28 * 28 * 5 + 100);
   expect_one_line_error("--device cpu --data " + dir.file(""), "train-images-idx3-ubyte", kError);
+  // Valid files of two 4000x4000 images: refused before a model of 4 billion weights is built.
+  TempDir big;
+  const std::vector<std::uint8_t> huge(2 * 4000 * 4000, 0), two(2, 1);
+  for (const char* set : {"train", "t10k"}) {
+    data::write_idx(big.file(std::string(set) + "-images-idx3-ubyte.gz"), {2, 4000, 4000}, huge, true);
+    data::write_idx(big.file(std::string(set) + "-labels-idx1-ubyte.gz"), {2}, two, true);
+  }
+  expect_one_line_error("--device cpu --validation-split 0 --data " + big.file(""),
+                        "the images are 4000x4000; this model takes at most 256x256 (MNIST's are 28x28)", kError);
 }
 
 TEST(TrainMnistCli, MissingGpuGivesOneLine) {
@@ -221,6 +286,60 @@ TEST(TrainMnistCli, OutputPathThatIsAFolderIsRefusedBeforeTraining) {
   }
   // The check does not refuse a plain new file in an existing folder.
   expect_one_line_error("--data /nonexistent/mnist --save " + dir.file("run.ckpt"), "/nonexistent/mnist", kError);
+  // A "folder" that is a file (access() alone lets it through).
+  std::ofstream(dir.file("notes.txt")) << "a file";
+  expect_one_line_error("--data /nonexistent/mnist --metrics-json " + dir.file("notes.txt") + "/m.json",
+                        "--metrics-json " + dir.file("notes.txt") + "/m.json: " + dir.file("notes.txt") +
+                            " is a file, not a folder",
+                        kError);
+}
+
+// --plot or --metrics-json on the checkpoint would overwrite it with a PNG or JSON at the end
+// of the run; two outputs on one file keep only the last. Refused before anything is read,
+// whatever the spelling (relative, through a symlink). --save may be --resume's file.
+TEST(TrainMnistCli, OutputsNamingTheSameFileAreRefused) {
+  TempDir dir;
+  const std::string ckpt = dir.file("keep.ckpt");
+  std::ofstream(ckpt) << "the checkpoint";
+  fs::create_symlink(ckpt, dir.file("link.ckpt"));
+  const std::string rel = "./" + fs::path(dir.file("new.json")).lexically_relative(fs::current_path()).string();
+  struct Case {
+    std::string args, first, second;
+  };
+  for (const Case& c : std::vector<Case>{
+           {"--resume " + ckpt + " --metrics-json " + ckpt, "--resume " + ckpt, "--metrics-json " + ckpt},
+           {"--save " + ckpt + " --plot " + ckpt, "--save " + ckpt, "--plot " + ckpt},
+           {"--resume " + dir.file("link.ckpt") + " --plot " + ckpt, "--resume " + dir.file("link.ckpt"),
+            "--plot " + ckpt},
+           {"--plot " + dir.file("new.json") + " --metrics-json " + rel, "--plot " + dir.file("new.json"),
+            "--metrics-json " + rel}}) {
+    expect_one_line_error("--data /nonexistent/mnist " + c.args,
+                          c.first + " and " + c.second + " name the same file: one would overwrite the other", kError);
+    EXPECT_EQ(apps::read_file_bytes(ckpt), "the checkpoint");
+  }
+  // --save on --resume's file is how a run goes on: refused here only for the bad checkpoint.
+  expect_one_line_error("--data /nonexistent/mnist --resume " + ckpt + " --save " + ckpt,
+                        "not a microflow checkpoint", kError);
+}
+
+// Results printed to a full disk or a closed pipe are lost: that is an error, not exit 0.
+TEST(TrainMnistCli, FailingToWriteStandardOutputIsAnError) {
+  TempDir dir;
+  std::vector<const char*> programs{MF_TRAIN_MNIST_BIN};
+#if defined(MF_PREDICT_BIN)
+  programs.push_back(MF_PREDICT_BIN);
+#endif
+  for (const char* bin : programs) {
+    SCOPED_TRACE(bin);
+    const std::string err = dir.file("err.txt");
+    const int st = std::system((mf::testing::program_path(bin) + " --help > /dev/full 2> " + err).c_str());
+    EXPECT_EQ(WIFEXITED(st) ? WEXITSTATUS(st) : -1, kError);
+    const std::string e = apps::read_file_bytes(err);
+    EXPECT_EQ(count_lines(e), 1) << e;
+    EXPECT_NE(e.find("error: could not write the output (standard output): No space left on device"),
+              std::string::npos)
+        << e;
+  }
 }
 
 // A checkpoint with a valid checksum but settings the flags would never allow (crafted, or

@@ -2,7 +2,9 @@
 // every kind of bad file refused with its own message and the model left untouched.
 #include <gtest/gtest.h>
 
+#include <fcntl.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cmath>
@@ -10,6 +12,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -228,6 +231,44 @@ TEST(Checkpoint, ForeignEmptyAndOtherVersionFilesAreRefused) {
   expect_refused(dir.file("long.ckpt"), "extra bytes");
 }
 
+// A whole file (good checksum) that holds insane values is refused, naming the tensor, and
+// the model is left as it was: NaN weights would predict "nan%" for every class; a negative
+// step count would flip the sign of Adam's bias correction.
+TEST(Checkpoint, NonFiniteWeightsAndNegativeCountsAreRefused) {
+  TempDir dir;
+  struct Case {
+    std::function<void(Sequential&)> spoil;
+    std::string expect;
+  };
+  const std::vector<Case> cases{
+      {[](Sequential& m) { m.parameters()[0]->value.data<float>()[3] = std::nanf(""); },
+       "weight tensor 'conv2d/kernel' holds a non-finite value (nan at element 3)"},
+      {[](Sequential& m) { m.parameters()[5]->value.data<float>()[0] = -INFINITY; },
+       "weight tensor 'dense/bias' holds a non-finite value (-inf at element 0)"},
+      {[](Sequential& m) {
+         for (auto& [name, t] : m.optimizer()->state())
+           if (name == "adam.step") t.data<std::int32_t>()[0] = -1;
+       },
+       "optimizer state 'optimizer/adam.step' holds a negative count (-1)"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.expect);
+    Sequential bad = make_model(1);
+    c.spoil(bad);
+    const std::string path = dir.file("bad.ckpt");
+    apps::save_checkpoint(path, bad, *bad.optimizer(), meta_for(1));
+    Sequential m = make_model(2);
+    const auto before = snapshot(m);
+    try {
+      apps::load_checkpoint(path, m, m.optimizer());
+      ADD_FAILURE() << "loaded";
+    } catch (const CheckpointError& e) {
+      EXPECT_NE(std::string(e.what()).find(c.expect), std::string::npos) << e.what();
+    }
+    EXPECT_EQ(snapshot(m), before) << "nothing restored";
+  }
+}
+
 TEST(Checkpoint, OtherArchitectureIsRefusedNamingBoth) {
   TempDir dir;
   Rng rng(1);
@@ -338,6 +379,45 @@ TEST(AtomicFile, PlantedSymlinkAtTheTemporaryNameIsNotFollowed) {
   apps::write_bytes_atomic(path, text.data(), text.size());
   EXPECT_FALSE(fs::exists(dir.file("created_by_link.txt")));
   EXPECT_EQ(slurp(path), text);
+}
+
+// Outputs that are not plain files: a symlink to a file has its target replaced and stays a
+// link; a pipe or device (--metrics-json /dev/stdout) is written in place, never replaced by
+// a regular file. And read_file_bytes reads a pipe (/dev/stdin, <(...)) to its end, where
+// its size (0) says nothing.
+TEST(AtomicFile, SymlinksAndPipesAreWrittenThroughNotReplaced) {
+  TempDir dir;
+  const std::string target = dir.file("real.json"), link = dir.file("link.json");
+  spit(target, "old");
+  fs::create_symlink(target, link);
+  apps::write_bytes_atomic(link, "new", 3);
+  EXPECT_TRUE(fs::is_symlink(link)) << "the link was replaced by a file";
+  EXPECT_EQ(slurp(target), "new");
+  // A symlink to nothing is refused rather than replaced.
+  fs::create_symlink(dir.file("missing.json"), dir.file("dangling.json"));
+  EXPECT_THROW(apps::write_bytes_atomic(dir.file("dangling.json"), "x", 1), std::runtime_error);
+  EXPECT_TRUE(fs::is_symlink(dir.file("dangling.json")));
+
+  // A FIFO with a reader: the bytes go down the pipe, and the FIFO is still a FIFO.
+  const std::string fifo = dir.file("fifo");
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  const int reader = ::open(fifo.c_str(), O_RDONLY | O_NONBLOCK);
+  ASSERT_GE(reader, 0);
+  apps::write_bytes_atomic(fifo, "through the pipe", 16);
+  char got[32] = {};
+  EXPECT_EQ(::read(reader, got, sizeof got), 16);
+  EXPECT_STREQ(got, "through the pipe");
+  ::close(reader);
+  EXPECT_TRUE(fs::is_fifo(fifo)) << "the FIFO was replaced by a file";
+  EXPECT_EQ(std::distance(fs::directory_iterator(dir.path()), fs::directory_iterator{}), 4) << "no temporary files";
+
+  // Reading a pipe.
+  int fds[2];
+  ASSERT_EQ(::pipe(fds), 0);
+  ASSERT_EQ(::write(fds[1], "piped bytes", 11), 11);
+  ::close(fds[1]);
+  EXPECT_EQ(apps::read_file_bytes("/dev/fd/" + std::to_string(fds[0])), "piped bytes");
+  ::close(fds[0]);
 }
 
 // What train_mnist's second Ctrl-C does: the process ends in the middle of a save, from a
