@@ -48,9 +48,24 @@ flock -n 9 || { say "waiting for another set-up using $build_dir"; flock 9; }
 # keeps its generator.
 generator=(-G Ninja -DCMAKE_BUILD_TYPE=Release)
 [ -f "$build_dir/CMakeCache.txt" ] && generator=()
+# Machine code for the GPUs of this machine too. The default (MF_CUDA_ARCHITECTURES
+# "90-real;90-virtual", for the H200) runs on sm_90 and, through its PTX, on newer GPUs
+# only: an sm_80 or sm_89 card would find no kernel it can run. Cards older than sm_75,
+# which CUDA 13 no longer compiles for, are left out (doctor says what to do then).
+arch_args=()
+if [[ "${MF_CMAKE_ARGS:-}" != *MF_CUDA_ARCHITECTURES* ]] && command -v nvidia-smi >/dev/null 2>&1; then
+  older=()
+  for cap in $(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | tr -d ' .' | sort -u); do
+    [[ "$cap" =~ ^[0-9]+$ ]] && ((cap >= 75 && cap < 90)) && older+=("$cap-real")
+  done
+  if [ "${#older[@]}" -gt 0 ]; then
+    arch_args=("-DMF_CUDA_ARCHITECTURES=$(IFS=';'; echo "${older[*]}");90-real;90-virtual")
+    say "this machine's GPU is older than sm_90: adding ${older[*]} to the CUDA architectures"
+  fi
+fi
 say "configuring $build_dir"
 # shellcheck disable=SC2086
-if ! cmake -S "$root" -B "$build_dir" "${generator[@]}" ${MF_CMAKE_ARGS:-} >"$build_dir/configure.log" 2>&1; then
+if ! cmake -S "$root" -B "$build_dir" "${generator[@]}" "${arch_args[@]}" ${MF_CMAKE_ARGS:-} >"$build_dir/configure.log" 2>&1; then
   tail -n 20 "$build_dir/configure.log" >&2
   die "cmake could not configure $build_dir (full log: $build_dir/configure.log)"
 fi
