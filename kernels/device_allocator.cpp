@@ -64,15 +64,16 @@ void* DeviceAllocator::allocate(std::size_t bytes) {
     if (in_use_ > peak_) peak_ = in_use_;
     return p;
   }
+  // New memory from the driver. Under a limit, all that is held counts, the cache too: the
+  // limit is device memory, as its flag says, and a cache of blocks of sizes no longer asked
+  // for (a batch size that changed) would otherwise hold up to twice the limit. The cache
+  // goes back first when it stands in the way; then in use + size <= limit (checked above).
+  if (limit_ != 0 && reserved_ + size > limit_) release_cached_locked();
   void* p = nullptr;
   cudaError_t e = cudaMalloc(&p, size);
   if (e == cudaErrorMemoryAllocation && !free_.empty()) {
     cudaGetLastError();
-    for (auto& [s, q] : free_) {  // give the cache back to the driver and try once more
-      MF_GPU_WARN(cudaFree(q));
-      reserved_ -= s;
-    }
-    free_.clear();
+    release_cached_locked();  // give the cache back to the driver and try once more
     e = cudaMalloc(&p, size);
   }
   if (e != cudaSuccess && e != cudaErrorMemoryAllocation) {
@@ -111,6 +112,11 @@ void DeviceAllocator::deallocate(void* p) {
 
 void DeviceAllocator::release_cached() {
   std::lock_guard<std::mutex> lock(mu_);
+  release_cached_locked();
+}
+
+// cudaFree waits for the device, so no queued work still uses a block it frees.
+void DeviceAllocator::release_cached_locked() {
   for (auto& [s, p] : free_) {
     MF_GPU_WARN(cudaFree(p));
     reserved_ -= s;
@@ -125,6 +131,7 @@ void* DeviceAllocator::allocate(std::size_t) {
 }
 void DeviceAllocator::deallocate(void*) {}
 void DeviceAllocator::release_cached() {}
+void DeviceAllocator::release_cached_locked() {}
 
 #endif
 

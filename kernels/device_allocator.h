@@ -2,8 +2,9 @@
 //
 // cudaMalloc/cudaFree are slow and synchronise the device, so freed blocks are kept in
 // per-size free lists and handed out again. A limit (train_mnist --gpu-memory-limit) caps
-// the bytes handed out; passing it, or cudaMalloc failing even after the cache is
-// emptied, throws OutOfMemoryError with the numbers. The article's "limit GPU memory
+// the device memory held, cached blocks included (the cache is given back when it stands
+// in the way); needing more than the limit in use, or cudaMalloc failing even after the
+// cache is emptied, throws OutOfMemoryError with the numbers. The article's "limit GPU memory
 // growth", made explicit: nothing is grabbed up front.
 //
 // Frees are stream-ordered on a single stream: a freed block is reused by later work on
@@ -40,6 +41,7 @@ class DeviceAllocator {
  private:
   DeviceAllocator() = default;
   static std::size_t round_size(std::size_t bytes);
+  void release_cached_locked();  // release_cached, with mu_ held
 
   mutable std::mutex mu_;
   std::multimap<std::size_t, void*> free_;           // size -> block

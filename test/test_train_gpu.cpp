@@ -375,6 +375,27 @@ TEST(TrainGpu, MemoryLimitNamesTheTensorAndSuggestsAFix) {
   }
 }
 
+// The limit caps the device memory held, not only what is in use: blocks cached for sizes
+// no longer asked for (each request here twice the last, so none fits a cached block) are
+// given back before new memory would pass the limit. Without that the cache held 16 MiB
+// under an 8 MiB limit here.
+TEST(TrainGpu, MemoryLimitCapsTheCacheToo) {
+  MF_SKIP_WITHOUT_GPU();
+  mf::DeviceAllocator& a = mf::DeviceAllocator::instance();
+  a.release_cached();
+  MemoryLimitGuard limit(a.in_use() + (8u << 20));
+  for (std::size_t kib = 256; kib <= 8192; kib *= 2) {
+    void* p = a.allocate(kib << 10);
+    EXPECT_LE(a.reserved(), a.limit()) << "after " << kib << " KiB";
+    a.deallocate(p);
+  }
+  // What fits is still served: the whole allowance in one block, and a cached block reused.
+  void* p = a.allocate(8u << 20);
+  a.deallocate(p);
+  EXPECT_EQ(a.allocate(8u << 20), p);
+  a.deallocate(p);
+}
+
 TEST(TrainGpu, AbsurdRequestIsOutOfMemoryNotAWrappedSize) {
   MF_SKIP_WITHOUT_GPU();
   mf::DeviceAllocator& a = mf::DeviceAllocator::instance();
