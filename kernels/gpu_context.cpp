@@ -18,8 +18,12 @@ GpuContext::GpuContext() {
   cublas_.reset(b);
   MF_GPU_CHECK(cublasSetStream(b, stream_));
   // cuBLAS must not allocate its own workspace while a graph is being captured: give it
-  // one up front (4 MiB is plenty for these GEMM sizes).
-  cublas_workspace_ = DeviceBuffer<unsigned char>(4u << 20);
+  // one up front, of the size the cuBLAS guide recommends (cublasSetWorkspace): 32 MiB on
+  // Hopper (sm_90) and later, whose kernels may use more, 4 MiB before.
+  int device = 0, major = 0;
+  MF_GPU_CHECK(cudaGetDevice(&device));
+  MF_GPU_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  cublas_workspace_ = DeviceBuffer<unsigned char>(major >= 9 ? (32u << 20) : (4u << 20));
   MF_GPU_CHECK(cublasSetWorkspace(b, cublas_workspace_.get(), cublas_workspace_.size()));
   cudnnHandle_t d = nullptr;
   MF_GPU_CHECK(cudnnCreate(&d));

@@ -22,6 +22,7 @@ class GpuContext {
 
   cudaStream_t stream() const { return stream_; }  // == compute_stream()
   cublasHandle_t cublas() const { return cublas_.get(); }
+  std::size_t cublas_workspace_size() const { return cublas_workspace_.size(); }
   cudnnHandle_t cudnn() const { return cudnn_.get(); }
 
   // A device workspace of at least `bytes` (shared: valid until the next call that grows

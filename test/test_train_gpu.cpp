@@ -25,6 +25,10 @@
 #include "tensor/rng.h"
 #include "test/test_util.h"
 
+#if MF_WITH_CUDA
+#include "kernels/gpu_context.h"
+#endif
+
 namespace {
 
 using mf::Device;
@@ -394,6 +398,16 @@ TEST(TrainGpu, MemoryLimitCapsTheCacheToo) {
   a.deallocate(p);
   EXPECT_EQ(a.allocate(8u << 20), p);
   a.deallocate(p);
+}
+
+// cuBLAS gets its workspace up front (it must not allocate during a graph capture), of the
+// size NVIDIA's cuBLAS guide recommends for the device: 32 MiB from Hopper on, else 4 MiB.
+TEST(TrainGpu, CublasWorkspaceHasTheRecommendedSize) {
+  MF_SKIP_WITHOUT_GPU();
+#if MF_WITH_CUDA
+  const std::size_t want = mf::gpu_device_info(0).major >= 9 ? (32u << 20) : (4u << 20);
+  EXPECT_EQ(mf::GpuContext::current().cublas_workspace_size(), want);
+#endif
 }
 
 TEST(TrainGpu, AbsurdRequestIsOutOfMemoryNotAWrappedSize) {
