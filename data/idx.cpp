@@ -178,6 +178,12 @@ class GzipInput final : public Input {
           ++members_done_;
           break;
         case Z_BUF_ERROR:  // no progress: inflate needs more input than there is
+          if (strm_.avail_in == 0 && src_eof_ && members_done_ > 0 && header_.done != 1) {
+            // A whole member, then a few bytes that end before a gzip header does: junk
+            // (or a second member cut inside its header), not a cut in the data.
+            throw DataError(path_, "trailing garbage after the end of the gzip stream (bytes that are not a "
+                                   "whole gzip member after member " + std::to_string(members_done_) + ")");
+          }
           if (strm_.avail_in == 0 && src_eof_) {
             throw DataError(path_, "truncated gzip stream: the compressed data ends after " +
                                        std::to_string(compressed_read_) +

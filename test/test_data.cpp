@@ -359,6 +359,13 @@ TEST_F(IdxErrors, TrailingGarbageAfterGzipStream) {
   const Bytes good = gzip(concat(idx_header(0x08, {2, 2}), Bytes(4, 9)));
   const std::string p = put("garbage.gz", concat(good, {'j', 'u', 'n', 'k'}));
   EXPECT_TRUE(throws_data_error([&] { mf::data::read_idx(p); }, p, {"trailing garbage", "gzip"}));
+  // Too few bytes to make a gzip header: still junk after the stream, not a cut in its data
+  // (one byte, and gzip's own first byte, 0x1f, alone).
+  for (const Bytes& junk : {Bytes{'j'}, Bytes{0x1f}, Bytes{0x1f, 0x8b, 0x08}}) {
+    const std::string q = put("garbage_short.gz", concat(good, junk));
+    EXPECT_TRUE(throws_data_error([&] { mf::data::read_idx(q); }, q, {"trailing garbage", "after member 1"}))
+        << junk.size() << " bytes";
+  }
 }
 
 TEST_F(IdxErrors, CorruptGzip) {
