@@ -381,12 +381,17 @@ TEST(Plot, WritesAValidPng) {
   EXPECT_THROW(apps::write_training_plot(path, {}), std::invalid_argument);
 }
 
-TEST(PredictTool, ClassifiesFilesAndReportsEachBadOne) {
-  TempDir dir;
+// An untrained model's checkpoint, dir/m.ckpt, and a drawn "1", dir/one.png.
+static void untrained_checkpoint_and_a_one(const TempDir& dir) {
   Rng rng(1);
   Sequential m = Sequential::mnist_cnn(rng);
   apps::save_checkpoint(dir.file("m.ckpt"), m, nullptr, {});
   one().save(dir.file("one.png"));
+}
+
+TEST(PredictTool, ClassifiesFilesAndReportsEachBadOne) {
+  TempDir dir;
+  untrained_checkpoint_and_a_one(dir);
   one().inverted().save(dir.file("one_ink.png"));
   Drawing(40, 40, 255).save(dir.file("blank.png"));
   std::ofstream(dir.file("notes.txt")) << "not an image";
@@ -422,10 +427,7 @@ TEST(PredictTool, ClassifiesFilesAndReportsEachBadOne) {
 // (the grid is written last, after a pass over the 10,000 test digits).
 TEST(PredictTool, GridPathThatIsAFolderIsRefusedUpFront) {
   TempDir dir;
-  Rng rng(1);
-  Sequential m = Sequential::mnist_cnn(rng);
-  apps::save_checkpoint(dir.file("m.ckpt"), m, nullptr, {});
-  one().save(dir.file("one.png"));
+  untrained_checkpoint_and_a_one(dir);
   for (const std::string& grid : {dir.path().string(), dir.file("new/")}) {
     SCOPED_TRACE(grid);
     const RunResult r = run("--model " + dir.file("m.ckpt") + " --data /nonexistent/mnist --grid " + grid + " " +
