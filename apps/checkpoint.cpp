@@ -275,8 +275,51 @@ std::string serialize_checkpoint(Sequential& model, Optimizer* optimizer, const 
   return out;
 }
 
+// Throws CheckpointError unless the values of `t` are sane: floats finite (a NaN weight
+// would predict "nan%" for every class), counts not negative (a negative step count would
+// give Adam a bias correction of the wrong sign), a loss scale finite and positive.
+static void check_values(const CheckpointTensor& t, const std::uint8_t* bytes, const std::string& name) {
+  const Tensor h = host_tensor(t, bytes);
+  const bool state = t.name.rfind(kOptimizerPrefix, 0) == 0;
+  const std::string what = std::string(state ? "optimizer state '" : "weight tensor '") + t.name + "'";
+  if (h.dtype() == DType::kI32) {
+    // Counts, except the loss scaler's first word: its scale, a float (kernels/launchers.h).
+    const std::int32_t* v = h.data<std::int32_t>();
+    const bool scaler = t.name.size() >= 11 && t.name.compare(t.name.size() - 11, 11, "loss_scaler") == 0;
+    for (std::int64_t i = 0; i < h.numel(); ++i) {
+      if (scaler && i == 0) {
+        float scale = 0;
+        std::memcpy(&scale, v, sizeof scale);
+        if (!(std::isfinite(scale) && scale > 0))
+          throw CheckpointError(name, what + " holds a loss scale of " + std::to_string(scale));
+      } else if (v[i] < 0) {
+        throw CheckpointError(name, what + " holds a negative count (" + std::to_string(v[i]) + ")");
+      }
+    }
+  } else if (h.dtype() == DType::kF32 || h.dtype() == DType::kF16) {
+    const Tensor f = h.dtype() == DType::kF32 ? h : h.to(DType::kF32);
+    const float* v = f.data<float>();
+    for (std::int64_t i = 0; i < f.numel(); ++i)
+      if (!std::isfinite(v[i]))
+        throw CheckpointError(name, what + " holds a non-finite value (" + std::to_string(v[i]) + " at element " +
+                                        std::to_string(i) + ")");
+  }
+}
+
 void save_checkpoint(const std::string& path, Sequential& model, Optimizer* optimizer, const CheckpointMeta& meta) {
   const std::string bytes = serialize_checkpoint(model, optimizer, meta);
+  // Never replace a checkpoint with one that would be refused on loading (weights gone to
+  // NaN in a step that diverged): the last good one stays.
+  const auto* data = reinterpret_cast<const std::uint8_t*>(bytes.data());
+  for (const CheckpointTensor& t : parse_checkpoint(data, bytes.size(), path, /*verify_checksum=*/false).tensors) {
+    try {
+      check_values(t, data, path);
+    } catch (const CheckpointError& e) {
+      const std::string w = e.what();
+      throw CheckpointError(path, "not saved, the file on disk is kept: " +
+                                      (w.rfind(path + ": ", 0) == 0 ? w.substr(path.size() + 2) : w));
+    }
+  }
   try {
     write_bytes_atomic(path, bytes.data(), bytes.size());
   } catch (const std::runtime_error& e) {
@@ -435,35 +478,8 @@ void restore_checkpoint(const CheckpointContents& c, const std::uint8_t* bytes, 
                                          : ""));
   }
 
-  // The values: the checksum proves the file is whole, not that what was saved is sane. A
-  // NaN weight would predict "nan%" for every class; a negative step count would give Adam
-  // a bias correction of the wrong sign.
-  for (const auto& t : targets) {
-    const Tensor h = host_tensor(*t.src, bytes);
-    const std::string what = std::string(t.param ? "weight tensor '" : "optimizer state '") + t.src->name + "'";
-    if (h.dtype() == DType::kI32) {
-      // Counts, except the loss scaler's first word: its scale, a float (kernels/launchers.h).
-      const std::int32_t* v = h.data<std::int32_t>();
-      const bool scaler = t.src->name.size() >= 11 && t.src->name.compare(t.src->name.size() - 11, 11, "loss_scaler") == 0;
-      for (std::int64_t i = 0; i < h.numel(); ++i) {
-        if (scaler && i == 0) {
-          float scale = 0;
-          std::memcpy(&scale, v, sizeof scale);
-          if (!(std::isfinite(scale) && scale > 0))
-            throw CheckpointError(name, what + " holds a loss scale of " + std::to_string(scale));
-        } else if (v[i] < 0) {
-          throw CheckpointError(name, what + " holds a negative count (" + std::to_string(v[i]) + ")");
-        }
-      }
-    } else if (h.dtype() == DType::kF32 || h.dtype() == DType::kF16) {
-      const Tensor f = h.dtype() == DType::kF32 ? h : h.to(DType::kF32);
-      const float* v = f.data<float>();
-      for (std::int64_t i = 0; i < f.numel(); ++i)
-        if (!std::isfinite(v[i]))
-          throw CheckpointError(name, what + " holds a non-finite value (" + std::to_string(v[i]) + " at element " +
-                                          std::to_string(i) + ")");
-    }
-  }
+  // The values: the checksum proves the file is whole, not that what was saved is sane.
+  for (const auto& t : targets) check_values(*t.src, bytes, name);
 
   // All checked: copy. The compute stream may still be using these buffers.
   bool any_gpu = false;

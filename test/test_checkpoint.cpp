@@ -232,7 +232,7 @@ TEST(Checkpoint, ForeignEmptyAndOtherVersionFilesAreRefused) {
 }
 
 // A whole file (good checksum) that holds insane values is refused, naming the tensor, and
-// the model is left as it was: NaN weights would predict "nan%" for every class; a negative
+// the model is left as it was; such values are never saved over a checkpoint either: NaN weights would predict "nan%" for every class; a negative
 // step count would flip the sign of Adam's bias correction.
 TEST(Checkpoint, NonFiniteWeightsAndNegativeCountsAreRefused) {
   TempDir dir;
@@ -256,7 +256,8 @@ TEST(Checkpoint, NonFiniteWeightsAndNegativeCountsAreRefused) {
     Sequential bad = make_model(1);
     c.spoil(bad);
     const std::string path = dir.file("bad.ckpt");
-    apps::save_checkpoint(path, bad, *bad.optimizer(), meta_for(1));
+    // save_checkpoint refuses to write these (below): written here as a buggy build would.
+    spit(path, apps::serialize_checkpoint(bad, bad.optimizer(), meta_for(1)));
     Sequential m = make_model(2);
     const auto before = snapshot(m);
     try {
@@ -266,6 +267,19 @@ TEST(Checkpoint, NonFiniteWeightsAndNegativeCountsAreRefused) {
       EXPECT_NE(std::string(e.what()).find(c.expect), std::string::npos) << e.what();
     }
     EXPECT_EQ(snapshot(m), before) << "nothing restored";
+
+    // Saving such a model (a step that diverged) keeps the checkpoint already on disk.
+    const std::string good = dir.file("good.ckpt");
+    apps::save_checkpoint(good, m, *m.optimizer(), meta_for(1));
+    const std::string kept = slurp(good);
+    try {
+      apps::save_checkpoint(good, bad, *bad.optimizer(), meta_for(2));
+      ADD_FAILURE() << "saved";
+    } catch (const CheckpointError& e) {
+      const std::string w = e.what();
+      EXPECT_NE(w.find("not saved, the file on disk is kept: " + c.expect), std::string::npos) << w;
+    }
+    EXPECT_EQ(slurp(good), kept);
   }
 }
 
