@@ -209,8 +209,27 @@ History Sequential::fit(const data::Dataset& train, const data::Dataset* validat
   if (validation && validation->count > 0 && Shape{validation->rows, validation->cols, 1} != input_shape_)
     throw std::invalid_argument("fit: validation images are " + std::to_string(validation->rows) + "x" +
                                 std::to_string(validation->cols) + ", the model takes " + input_shape_.str());
-  return device_ == Device::kGpu ? fit_gpu(train, validation, options, callbacks)
-                                 : fit_cpu(train, validation, options, callbacks);
+  // Every label a class of the model's output, checked before the first step: found at its
+  // batch, a bad label stopped training with the weights already changed (in the validation
+  // set, after a whole epoch).
+  Shape out = batch_shape(1);
+  for (const auto& l : layers_) out = l->output_shape(out);
+  const std::int64_t classes = out[out.rank() - 1];
+  for (const data::Dataset* d : {&train, validation}) {
+    if (!d) continue;
+    const auto end = d->labels.begin() + static_cast<std::ptrdiff_t>(
+                                            std::min<std::size_t>(d->labels.size(), static_cast<std::size_t>(d->count)));
+    const auto top = std::max_element(d->labels.begin(), end);
+    if (top != end && *top >= classes)
+      throw std::invalid_argument(std::string("fit: ") + (d == &train ? "training" : "validation") + " label " +
+                                  std::to_string(*top) + " at index " + std::to_string(top - d->labels.begin()) +
+                                  " is not one of the model's " + std::to_string(classes) + " classes");
+  }
+  // A batch larger than the data is the whole data each step (as in Keras); buffers are
+  // sized for what a step can hold, not for the number asked.
+  FitOptions o = options;
+  o.batch_size = std::min(options.batch_size, train.count);
+  return device_ == Device::kGpu ? fit_gpu(train, validation, o, callbacks) : fit_cpu(train, validation, o, callbacks);
 }
 
 namespace {
@@ -302,7 +321,7 @@ EvalResult Sequential::evaluate(const data::Dataset& d, std::int64_t batch_size)
     throw std::invalid_argument("evaluate: images are " + std::to_string(d.rows) + "x" + std::to_string(d.cols) +
                                 ", the model takes " + input_shape_.str());
   if (device_ == Device::kGpu) return evaluate_gpu(d, batch_size);
-  set_training(false);
+  InferenceMode inference(*this);
   const std::int64_t bs = std::min(batch_size, std::max<std::int64_t>(1, d.count));
   Tensor x = Tensor::empty(batch_shape(bs));
   Tensor y = Tensor::empty(Shape{bs}, DType::kI32);
@@ -315,7 +334,6 @@ EvalResult Sequential::evaluate(const data::Dataset& d, std::int64_t batch_size)
     data::gather_batch(d, idx.data(), nb, xb.data<float>(), yb.data<std::int32_t>());
     softmax_xent(forward(xb), yb, stats, nullptr);
   }
-  set_training(true);
   EvalResult r;
   const float* s = stats.data<float>();
   r.count = static_cast<std::int64_t>(s[kStatCount]);
@@ -333,7 +351,7 @@ Tensor Sequential::predict(const Tensor& x, std::int64_t batch_size) {
                                 x.shape().str());
   if (batch_size < 1) throw std::invalid_argument("predict: batch size must be at least 1");
   const Tensor xh = x.is_cpu() ? x : x.to(Device::kCpu);
-  set_training(false);
+  InferenceMode inference(*this);
   std::vector<float> out;
   Shape s = batch_shape(0);
   for (const auto& l : layers_) s = l->output_shape(s);
@@ -348,7 +366,6 @@ Tensor Sequential::predict(const Tensor& x, std::int64_t batch_size) {
     const std::vector<float> v = p.to_vector();
     out.insert(out.end(), v.begin(), v.end());
   }
-  set_training(true);
   return Tensor::from_vector(Shape{xh.dim(0), classes}, out);
 }
 

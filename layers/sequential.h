@@ -164,6 +164,19 @@ class Sequential {
   std::unique_ptr<GpuTrainer, void (*)(GpuTrainer*)> gpu_{nullptr, nullptr};
 };
 
+// Inference mode (layers keep nothing for a backward pass) for its lifetime; training mode
+// again when it ends, also by an exception.
+class InferenceMode {
+ public:
+  explicit InferenceMode(Sequential& m) : m_(m) { m_.set_training(false); }
+  ~InferenceMode() { m_.set_training(true); }
+  InferenceMode(const InferenceMode&) = delete;
+  InferenceMode& operator=(const InferenceMode&) = delete;
+
+ private:
+  Sequential& m_;
+};
+
 #if !MF_WITH_CUDA
 inline std::string Sequential::gpu_training_info() const { return ""; }  // no GPU trainer in this build
 inline void Sequential::drop_graphs_if_moved(const std::vector<const void*>&, std::size_t) {}

@@ -244,17 +244,6 @@ GpuTrainer& trainer_of(TrainerPtr& p) {
   return *p;
 }
 
-// Restores training mode when evaluation ends, also by an exception.
-class InferenceMode {
- public:
-  explicit InferenceMode(Sequential& m) : m_(m) { m_.set_training(false); }
-  ~InferenceMode() { m_.set_training(true); }
-  InferenceMode(const InferenceMode&) = delete;
-  InferenceMode& operator=(const InferenceMode&) = delete;
-
- private:
-  Sequential& m_;
-};
 
 // Sizes the step's buffers for a fit (reusing what an earlier fit left) and drops the
 // graphs: anything may have run on the model since.

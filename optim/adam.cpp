@@ -90,7 +90,7 @@ void Adam::step_cpu() {
 
 std::int64_t Adam::iterations() const {
   if (!step_.defined()) return 0;
-  return static_cast<std::int64_t>(step_.to_vector()[0]);
+  return step_.to(Device::kCpu).data<std::int32_t>()[0];  // read as an integer: to_vector's floats stop at 2^24
 }
 
 const float* Adam::device_loss_scale() const {

@@ -47,7 +47,9 @@ void SGD::step() {
   ++step_.data<std::int32_t>()[0];
 }
 
-std::int64_t SGD::iterations() const { return step_.defined() ? static_cast<std::int64_t>(step_.to_vector()[0]) : 0; }
+std::int64_t SGD::iterations() const {
+  return step_.defined() ? step_.to(Device::kCpu).data<std::int32_t>()[0] : 0;  // as an integer: floats stop at 2^24
+}
 
 std::vector<std::pair<std::string, Tensor>> SGD::state() {
   return {{"sgd.velocity", velocity_}, {"sgd.step", step_}};

@@ -57,7 +57,14 @@ ThreadPool::~ThreadPool() {
   for (auto& t : workers_) t.join();
 }
 
+namespace {
+// The pool whose worker this thread is, if any: a task that calls parallel_for on its own
+// pool runs that inner loop itself (the workers are all busy with the outer one).
+thread_local const ThreadPool* t_worker_of = nullptr;
+}  // namespace
+
 void ThreadPool::worker(int index) {
+  t_worker_of = this;
   flush_denormals();
   std::uint64_t seen = 0;
   for (;;) {
@@ -89,10 +96,28 @@ void ThreadPool::run_task(int index) {
 
 void ThreadPool::dispatch(int tasks, const std::function<void(int)>& task) {
   flush_denormals();  // the calling thread takes part too
-  if (num_threads_ == 1 || tasks <= 1) {
-    for (int i = 0; i < tasks; ++i) task(i);
+  // The pool has one set of task slots, so one caller at a time. Another thread calling
+  // while it is busy (two models used from two threads), or a task calling parallel_for on
+  // its own pool, runs its chunks itself, one after the other: the same results, only not
+  // in parallel. (Without this the second caller overwrote the first one's task.)
+  const bool nested = t_worker_of == this || busy_.exchange(true, std::memory_order_acquire);
+  if (num_threads_ == 1 || tasks <= 1 || nested) {
+    if (!nested) busy_.store(false, std::memory_order_release);
+    std::exception_ptr first;  // as below: every chunk runs, then the first exception
+    for (int i = 0; i < tasks; ++i) {
+      try {
+        task(i);
+      } catch (...) {
+        if (!first) first = std::current_exception();
+      }
+    }
+    if (first) std::rethrow_exception(first);
     return;
   }
+  struct Release {
+    std::atomic<bool>& busy;
+    ~Release() { busy.store(false, std::memory_order_release); }
+  } release{busy_};
   {
     std::lock_guard<std::mutex> lock(mu_);
     task_ = &task;
@@ -147,7 +172,14 @@ int available_cpus() {
   return std::max(1, n);
 }
 
+// Creating the pool on first use races when two threads start at once.
+static std::mutex& pool_slot_mu() {
+  static std::mutex mu;
+  return mu;
+}
+
 ThreadPool& cpu_pool() {
+  std::lock_guard<std::mutex> lock(pool_slot_mu());
   auto& p = pool_slot();
   if (!p) p = std::make_unique<ThreadPool>(available_cpus());
   return *p;
@@ -155,6 +187,7 @@ ThreadPool& cpu_pool() {
 
 void set_num_threads(int n) {
   if (n < 1 || n > 1024) throw std::invalid_argument("thread count must be 1..1024, got " + std::to_string(n));
+  std::lock_guard<std::mutex> lock(pool_slot_mu());
   pool_slot() = std::make_unique<ThreadPool>(n);
 }
 

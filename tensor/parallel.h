@@ -5,6 +5,11 @@
 //
 // The pool's threads, and any thread that calls parallel_for/run_on_all, run with
 // denormals flushed to zero (FTZ/DAZ): see parallel.cpp for why.
+//
+// Any thread may call parallel_for: while the pool works for one caller, another (a second
+// model used from another thread) or a task calling it again (nested) runs its chunks
+// itself, in order, with the same chunk numbers. One model must still be used from one
+// thread at a time (its layers keep the forward pass for the backward pass).
 #pragma once
 #include <atomic>
 #include <condition_variable>
@@ -48,6 +53,7 @@ class ThreadPool {
   std::atomic<std::uint64_t> generation_{0};
   std::atomic<int> pending_{0};
   std::atomic<bool> stop_{false};
+  std::atomic<bool> busy_{false};  // a dispatch holds the task slots below
   const std::function<void(int)>* task_ = nullptr;
   int tasks_ = 0;
   std::mutex error_mu_;
@@ -60,7 +66,8 @@ int available_cpus();
 
 // The process's CPU pool, sized by set_num_threads (default: available_cpus()).
 ThreadPool& cpu_pool();
-void set_num_threads(int n);  // re-creates the pool; call before training starts
+void set_num_threads(int n);  // re-creates the pool; call before training starts, never while
+                              // another thread uses the pool
 int num_threads();
 
 }  // namespace mf

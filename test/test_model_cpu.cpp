@@ -363,6 +363,69 @@ TEST(ModelCpu, FitRejectsBadArguments) {
   EXPECT_EQ(m.optimizer()->iterations(), 0);
 }
 
+// A batch larger than the data is the whole data each step, as in Keras: buffers for the
+// data, not for the number asked (10^12 images of 28x28 was a std::bad_alloc), and the same
+// training as a batch of exactly the data.
+TEST(ModelCpu, BatchLargerThanTheDataIsTheWholeData) {
+  const Dataset d = synthetic(10, 28, 28, 3);
+  mf::FitOptions o;
+  o.epochs = 2;
+  std::vector<float> w[2];
+  for (int i = 0; i < 2; ++i) {
+    mf::Rng rng(4);
+    Sequential m = Sequential::mnist_cnn(rng);
+    m.compile(std::make_unique<mf::Adam>());
+    o.batch_size = i == 0 ? 10 : std::int64_t{1} << 40;
+    const mf::History h = m.fit(d, nullptr, o);
+    ASSERT_EQ(h.epochs.size(), 2u);
+    EXPECT_EQ(h.epochs[0].steps, 1);
+    EXPECT_EQ(m.optimizer()->iterations(), 2);
+    w[i] = all_weights(m);
+  }
+  EXPECT_EQ(w[0], w[1]);
+}
+
+// A label that is not one of the model's classes is refused before the first step, in the
+// training set or the validation set (found at its batch, it stopped training with the
+// weights already changed; in the validation set, after a whole epoch).
+TEST(ModelCpu, LabelsOutsideTheClassesAreRefusedBeforeTraining) {
+  mf::Rng rng(5);
+  Sequential m = Sequential::mnist_cnn(rng);
+  m.compile(std::make_unique<mf::Adam>());
+  const std::vector<float> before = all_weights(m);
+  mf::FitOptions o;
+  o.epochs = 1;
+  o.batch_size = 4;
+  Dataset train = synthetic(16, 28, 28, 6), val = synthetic(8, 28, 28, 7);
+  train.labels[13] = 11;
+  try {
+    m.fit(train, &val, o);
+    ADD_FAILURE() << "trained with label 11";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_EQ(std::string(e.what()), "fit: training label 11 at index 13 is not one of the model's 10 classes");
+  }
+  train.labels[13] = 9;
+  val.labels[7] = 10;
+  try {
+    m.fit(train, &val, o);
+    ADD_FAILURE() << "validated with label 10";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_EQ(std::string(e.what()), "fit: validation label 10 at index 7 is not one of the model's 10 classes");
+  }
+  EXPECT_EQ(all_weights(m), before) << "no step was taken";
+  EXPECT_EQ(m.optimizer()->iterations(), 0);
+}
+
+// evaluate and predict switch the layers to inference and back, also when they throw: a
+// model left in inference mode could not be trained by hand (forward, then backward).
+TEST(ModelCpu, PredictThatThrowsLeavesTrainingMode) {
+  mf::Rng rng(6);
+  Sequential m = Sequential::mnist_cnn(rng);
+  const Tensor u8 = Tensor::zeros(Shape{2, 28, 28, 1}, mf::DType::kU8);
+  EXPECT_ANY_THROW(m.predict(u8));
+  for (const auto& l : m.layers()) EXPECT_TRUE(l->training()) << l->name();
+}
+
 TEST(ModelCpu, FitReportsEpochsAndProgress) {
   mf::Rng rng(10);
   Sequential m = Sequential::mnist_cnn(rng);

@@ -237,6 +237,21 @@ TEST(SgdCpu, PlainStepsWorkedOutByHand) {
   EXPECT_EQ(sgd.iterations(), 3);
 }
 
+// The step count is an i32 on the optimizer's device; read as a float it came back rounded
+// past 2^24 updates (16,777,219 read as 16,777,220), and went so into checkpoints.
+TEST(Optimizers, IterationsAreExactPast2To24) {
+  Parameter p = make_param("kernel", {1}, {1.0f});
+  mf::Adam adam;
+  mf::SGD sgd(0.1f);
+  for (mf::Optimizer* opt : std::vector<mf::Optimizer*>{&adam, &sgd}) {
+    SCOPED_TRACE(opt->name());
+    opt->attach({&p});
+    for (auto& [name, t] : opt->state())
+      if (name.find("step") != std::string::npos) t.data<std::int32_t>()[0] = 16777219;
+    EXPECT_EQ(opt->iterations(), 16777219);
+  }
+}
+
 TEST(SgdCpu, MomentumStepsWorkedOutByHand) {
   // Keras: velocity = 0.9 velocity - 0.1 g; w += velocity. With g = 1 three times:
   // v = -0.1, -0.19, -0.271; w = 1 - 0.1 - 0.19 - 0.271 = 0.439.

@@ -583,6 +583,41 @@ TEST(ThreadPool, AnExceptionInAChunkIsRethrownAfterEveryChunkFinished) {
   }
 }
 
+// Two threads using one pool at once (two models, one per thread), and a task that calls
+// parallel_for on its own pool: every chunk of every call runs once, with the right bounds.
+// The pool used to take the second caller's task in place of the first's: wrong sums, or a
+// worker calling a function whose frame was gone.
+TEST(ThreadPool, TwoCallersAtOnceAndNestedCallsEachGetTheirOwnResults) {
+  mf::ThreadPool pool(3);
+  auto sum_to = [&](std::int64_t n) {
+    std::vector<std::int64_t> part(3, 0);
+    pool.parallel_for(n, [&](std::int64_t b, std::int64_t e, int t) {
+      for (std::int64_t i = b; i < e; ++i) part[static_cast<std::size_t>(t)] += i;
+    });
+    return part[0] + part[1] + part[2];
+  };
+  std::atomic<int> wrong{0};
+  auto caller = [&](std::int64_t n) {
+    for (int rep = 0; rep < 2000; ++rep)
+      if (sum_to(n) != n * (n - 1) / 2) ++wrong;
+  };
+  std::thread a(caller, 3000), b(caller, 7001);
+  a.join();
+  b.join();
+  EXPECT_EQ(wrong.load(), 0);
+
+  // Nested: each outer chunk sums its own range with an inner parallel_for.
+  std::vector<std::int64_t> outer(3, 0);
+  pool.parallel_for(3, [&](std::int64_t b, std::int64_t, int) {
+    std::vector<std::int64_t> inner(3, 0);
+    pool.parallel_for(1000, [&](std::int64_t ib, std::int64_t ie, int t) {
+      for (std::int64_t i = ib; i < ie; ++i) inner[static_cast<std::size_t>(t)] += i * (b + 1);
+    });
+    outer[static_cast<std::size_t>(b)] = inner[0] + inner[1] + inner[2];
+  });
+  for (std::int64_t b = 0; b < 3; ++b) EXPECT_EQ(outer[static_cast<std::size_t>(b)], 499500 * (b + 1)) << b;
+}
+
 #if defined(__linux__)
 // The default pool size follows the CPUs this process may use (taskset, cpusets), not the
 // machine's: with the calling thread pinned to one CPU, available_cpus() is 1.
