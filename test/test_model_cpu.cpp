@@ -397,21 +397,19 @@ TEST(ModelCpu, LabelsOutsideTheClassesAreRefusedBeforeTraining) {
   o.epochs = 1;
   o.batch_size = 4;
   Dataset train = synthetic(16, 28, 28, 6), val = synthetic(8, 28, 28, 7);
+  auto fit_error = [&] {
+    try {
+      m.fit(train, &val, o);
+    } catch (const std::invalid_argument& e) {
+      return std::string(e.what());
+    }
+    return std::string("(trained)");
+  };
   train.labels[13] = 11;
-  try {
-    m.fit(train, &val, o);
-    ADD_FAILURE() << "trained with label 11";
-  } catch (const std::invalid_argument& e) {
-    EXPECT_EQ(std::string(e.what()), "fit: training label 11 at index 13 is not one of the model's 10 classes");
-  }
+  EXPECT_EQ(fit_error(), "fit: training label 11 at index 13 is not one of the model's 10 classes");
   train.labels[13] = 9;
   val.labels[7] = 10;
-  try {
-    m.fit(train, &val, o);
-    ADD_FAILURE() << "validated with label 10";
-  } catch (const std::invalid_argument& e) {
-    EXPECT_EQ(std::string(e.what()), "fit: validation label 10 at index 7 is not one of the model's 10 classes");
-  }
+  EXPECT_EQ(fit_error(), "fit: validation label 10 at index 7 is not one of the model's 10 classes");
   EXPECT_EQ(all_weights(m), before) << "no step was taken";
   EXPECT_EQ(m.optimizer()->iterations(), 0);
 }
