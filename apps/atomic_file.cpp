@@ -19,13 +19,6 @@ std::string error_text(const std::string& path, const std::string& what, int err
   return path + ": " + what + ": " + std::strerror(err);
 }
 
-std::string parent_dir(const std::string& path) {
-  const auto slash = path.find_last_of('/');
-  if (slash == std::string::npos) return ".";
-  if (slash == 0) return "/";
-  return path.substr(0, slash);
-}
-
 // The temporary file of the write in progress, published for remove_temp_file_in_progress.
 // The name is copied into a static buffer (a signal handler must not follow a pointer
 // into a std::string that another thread may free). State: 0 free, 1 being filled in by
@@ -55,6 +48,17 @@ class TempFileInProgress {
 };
 
 }  // namespace
+
+std::string parent_dir(const std::string& path) {
+  const auto slash = path.find_last_of('/');
+  if (slash == std::string::npos) return ".";
+  if (slash == 0) return "/";
+  return path.substr(0, slash);
+}
+
+std::string without_path(const std::string& path, const std::string& message) {
+  return message.rfind(path + ": ", 0) == 0 ? message.substr(path.size() + 2) : message;
+}
 
 void remove_temp_file_in_progress() noexcept {
   if (g_temp_state.load() == 2) (void)::unlink(g_temp_name);

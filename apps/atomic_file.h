@@ -31,6 +31,13 @@ void remove_temp_file_in_progress() noexcept;
 constexpr int kAtomicTempAttempts = 8;
 std::string atomic_temp_name(const std::string& path, int attempt);
 
+// `message` without its leading "<path>: " (the errors above start so), for callers that
+// put the path in front themselves (CheckpointError, ImageError).
+std::string without_path(const std::string& path, const std::string& message);
+
+// The folder `path` is in: "." for a bare name, "/" for one at the root.
+std::string parent_dir(const std::string& path);
+
 // Reads a whole file (a pipe or a device to its end). Throws std::runtime_error "<path>: <why>" if it cannot be opened or
 // read, or is larger than `max_bytes` (a guard against reading a disk image by mistake).
 std::string read_file_bytes(const std::string& path, std::size_t max_bytes = std::size_t{1} << 32);

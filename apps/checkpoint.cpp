@@ -315,18 +315,13 @@ void save_checkpoint(const std::string& path, Sequential& model, Optimizer* opti
     try {
       check_values(t, data, path);
     } catch (const CheckpointError& e) {
-      const std::string w = e.what();
-      throw CheckpointError(path, "not saved, the file on disk is kept: " +
-                                      (w.rfind(path + ": ", 0) == 0 ? w.substr(path.size() + 2) : w));
+      throw CheckpointError(path, "not saved, the file on disk is kept: " + without_path(path, e.what()));
     }
   }
   try {
     write_bytes_atomic(path, bytes.data(), bytes.size());
   } catch (const std::runtime_error& e) {
-    // write_bytes_atomic's message starts with the path already.
-    const std::string w = e.what();
-    throw CheckpointError(path, "cannot save checkpoint: " +
-                                    (w.rfind(path + ": ", 0) == 0 ? w.substr(path.size() + 2) : w));
+    throw CheckpointError(path, "cannot save checkpoint: " + without_path(path, e.what()));
   }
 }
 
@@ -422,8 +417,7 @@ CheckpointFile read_checkpoint(const std::string& path) {
   try {
     f.bytes = read_file_bytes(path);
   } catch (const std::runtime_error& e) {
-    const std::string w = e.what();
-    throw CheckpointError(path, w.rfind(path + ": ", 0) == 0 ? w.substr(path.size() + 2) : w);
+    throw CheckpointError(path, without_path(path, e.what()));
   }
   f.contents = parse_checkpoint(reinterpret_cast<const std::uint8_t*>(f.bytes.data()), f.bytes.size(), path);
   return f;

@@ -67,8 +67,7 @@ void check_output_path(const char* flag, const std::string& path) {
   if (::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode))
     throw std::invalid_argument(what + ": is a folder, not a file");
   if (path.back() == '/') throw std::invalid_argument(what + ": ends in '/': names a folder, not a file");
-  const auto slash = path.find_last_of('/');
-  const std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
+  const std::string dir = parent_dir(path);
   if (::stat(dir.c_str(), &st) == 0 && !S_ISDIR(st.st_mode))  // access() alone passes a file
     throw std::invalid_argument(what + ": " + dir + " is a file, not a folder");
   if (::access(dir.c_str(), W_OK) != 0)

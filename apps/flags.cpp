@@ -145,20 +145,18 @@ std::string Flags::range_text(const std::string& name) const {
 }
 
 bool Flags::parse(int argc, char** argv) {
+  bool only_arguments = false;  // after "--": the rest are arguments, even "--x"
   for (int i = 1; i < argc; ++i) {
     std::string arg = argv[i];
-    if (arg == "--help" || arg == "-h") {
+    if (!only_arguments && arg == "--") {
+      only_arguments = true;
+      continue;
+    }
+    if (!only_arguments && (arg == "--help" || arg == "-h")) {
       std::fputs(help().c_str(), stdout);
       return false;
     }
-    if (arg == "--") {  // the end of the flags: the rest are arguments, even "--x"
-      for (++i; i < argc; ++i) {
-        if (positional_name_.empty()) throw FlagError(std::string("unexpected argument '") + argv[i] + "' (see --help)");
-        positional_.push_back(argv[i]);
-      }
-      break;
-    }
-    if (arg.rfind("--", 0) != 0) {
+    if (only_arguments || arg.rfind("--", 0) != 0) {
       if (positional_name_.empty()) throw FlagError("unexpected argument '" + arg + "' (see --help)");
       positional_.push_back(arg);
       continue;

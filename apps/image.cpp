@@ -329,8 +329,7 @@ GrayImage read_gray_image(const std::string& path) {
   try {
     bytes = read_file_bytes(path, kMaxFileBytes);
   } catch (const std::runtime_error& e) {
-    const std::string w = e.what();
-    throw ImageError(path, w.rfind(path + ": ", 0) == 0 ? w.substr(path.size() + 2) : w);
+    throw ImageError(path, without_path(path, e.what()));
   }
   return decode_gray_image(reinterpret_cast<const std::uint8_t*>(bytes.data()), bytes.size(), path);
 }

@@ -93,6 +93,12 @@ Shape Sequential::batch_shape(std::int64_t n) const {
   return Shape(dims);
 }
 
+Shape Sequential::output_shape(std::int64_t n) const {
+  Shape s = batch_shape(n);
+  for (const auto& l : layers_) s = l->output_shape(s);
+  return s;
+}
+
 std::string Sequential::architecture() const {
   std::ostringstream os;
   os << "input" << input_shape_.str();
@@ -212,8 +218,7 @@ History Sequential::fit(const data::Dataset& train, const data::Dataset* validat
   // Every label a class of the model's output, checked before the first step: found at its
   // batch, a bad label stopped training with the weights already changed (in the validation
   // set, after a whole epoch).
-  Shape out = batch_shape(1);
-  for (const auto& l : layers_) out = l->output_shape(out);
+  const Shape out = output_shape(1);
   const std::int64_t classes = out[out.rank() - 1];
   for (const data::Dataset* d : {&train, validation}) {
     if (!d) continue;
@@ -353,9 +358,7 @@ Tensor Sequential::predict(const Tensor& x, std::int64_t batch_size) {
   const Tensor xh = x.is_cpu() ? x : x.to(Device::kCpu);
   InferenceMode inference(*this);
   std::vector<float> out;
-  Shape s = batch_shape(0);
-  for (const auto& l : layers_) s = l->output_shape(s);
-  const std::int64_t classes = s[1];
+  const std::int64_t classes = output_shape(0)[1];
   for (std::int64_t b0 = 0; b0 < xh.dim(0); b0 += batch_size) {
     Tensor xb = xh.slice(b0, std::min(xh.dim(0), b0 + batch_size));
     if (device_ == Device::kGpu) {

@@ -99,6 +99,7 @@ class Sequential {
   const Shape& input_shape() const { return input_shape_; }
   // (n, H, W, C): the input shape of a batch of n.
   Shape batch_shape(std::int64_t n) const;
+  Shape output_shape(std::int64_t n) const;  // the last layer's output for a batch of n
   // A short string naming the layers and their sizes; checkpoints compare it.
   std::string architecture() const;
 
