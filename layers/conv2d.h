@@ -21,6 +21,7 @@ class Conv2D final : public Layer {
   std::vector<Parameter*> parameters() override { return {&weight_, &bias_}; }
   std::string gpu_config() const override;
   std::string cpu_config() const override;
+  std::int64_t gpu_max_tensor_elements() const override { return kCudnnMaxElements; }  // cuDNN runs it
   void to(Device device) override;
   void set_compute_dtype(DType dtype) override;
 

@@ -1,6 +1,7 @@
 // layer.cpp: the checks and device dispatch shared by every layer.
 #include "layers/layer.h"
 
+#include <algorithm>
 #include <cmath>
 #include <stdexcept>
 
@@ -27,6 +28,28 @@ void Layer::check_input(const Shape& in, const std::vector<std::int64_t>& expect
   }
 }
 
+std::int64_t Layer::largest_gpu_batch(const Shape& in) const {
+  std::vector<std::int64_t> dims = in.dims();
+  dims.at(0) = 1;
+  const Shape one(dims);
+  const std::int64_t per_sample = std::max(one.numel(), output_shape(one).numel());
+  return per_sample == 0 ? INT64_MAX : gpu_max_tensor_elements() / per_sample;
+}
+
+void Layer::check_gpu_batch(const Shape& in) const {
+  const std::int64_t largest = largest_gpu_batch(in), n = in[0];
+  if (n <= largest) return;
+  const Shape out = output_shape(in);
+  const bool input_larger = in.numel() > out.numel();
+  throw std::invalid_argument(
+      type() + (name_.empty() ? "" : " '" + name_ + "'") + ": a batch of " + std::to_string(n) + " gives " +
+      (input_larger ? "an input " + in.str() : "an output " + out.str()) + " of " +
+      std::to_string(std::max(in.numel(), out.numel())) + " elements, more than the " +
+      std::to_string(gpu_max_tensor_elements()) + " the GPU takes in one tensor here (cuDNN's limit); " +
+      (largest > 0 ? "use batches of at most " + std::to_string(largest)
+                   : std::string("even one sample is too large")));
+}
+
 const Tensor& Layer::forward(const Tensor& x) {
   if (!x.defined()) throw std::invalid_argument(type() + ": forward of an undefined tensor");
   if (x.device() != device_)
@@ -38,6 +61,7 @@ const Tensor& Layer::forward(const Tensor& x) {
     throw std::invalid_argument(type() + ": input is " + dtype_name(x.dtype()) + ", this layer computes in " +
                                 dtype_name(want));
   const Shape out = output_shape(x.shape());
+  if (device_ == Device::kGpu) check_gpu_batch(x.shape());
   if (!output_is_view()) ensure(y_, out, x.dtype(), x.device());
   if (device_ == Device::kCpu) forward_cpu(x, y_);
   else forward_gpu(x, y_);

@@ -16,6 +16,9 @@ namespace mf {
 
 class Rng;
 
+// cuDNN's limit: a tensor descriptor describes at most 2^31 - 1 elements.
+constexpr std::int64_t kCudnnMaxElements = INT32_MAX;
+
 // A trainable tensor. The optimizer owns the update; layers only read `value` (or `half`)
 // and accumulate into `grad`.
 struct Parameter {
@@ -74,6 +77,18 @@ class Layer {
   // The same for the CPU: which kernels ran this layer last (for a convolution's backward,
   // also how sparse its output gradient was). Empty when there is nothing to say.
   virtual std::string cpu_config() const { return ""; }
+
+  // The most elements one input or output tensor of this layer may have on the GPU. Our
+  // own kernels index with 64 bits and take any size; cuDNN's tensor descriptors hold at
+  // most 2^31 - 1 elements (kCudnnMaxElements), so the convolution overrides this.
+  virtual std::int64_t gpu_max_tensor_elements() const { return INT64_MAX; }
+  // The largest batch this layer runs on the GPU for inputs shaped like `in` (its batch
+  // dimension is ignored); 0 when not even one sample fits.
+  std::int64_t largest_gpu_batch(const Shape& in) const;
+  // Throws std::invalid_argument, naming the layer, the tensor size and the largest batch
+  // that fits, when a batch of shape `in` is too large for the GPU. forward() calls it on
+  // the GPU before allocating anything.
+  void check_gpu_batch(const Shape& in) const;
 
  protected:
   // y is allocated by forward() with output_shape(x) and x's dtype and device. Overwrite it.

@@ -99,6 +99,16 @@ Shape Sequential::output_shape(std::int64_t n) const {
   return s;
 }
 
+std::int64_t Sequential::largest_gpu_batch() const {
+  std::int64_t largest = INT64_MAX;
+  Shape s = batch_shape(1);
+  for (const auto& l : layers_) {
+    largest = std::min(largest, l->largest_gpu_batch(s));
+    s = l->output_shape(s);
+  }
+  return largest;
+}
+
 std::string Sequential::architecture() const {
   std::ostringstream os;
   os << "input" << input_shape_.str();
@@ -359,8 +369,11 @@ Tensor Sequential::predict(const Tensor& x, std::int64_t batch_size) {
   InferenceMode inference(*this);
   std::vector<float> out;
   const std::int64_t classes = output_shape(0)[1];
-  for (std::int64_t b0 = 0; b0 < xh.dim(0); b0 += batch_size) {
-    Tensor xb = xh.slice(b0, std::min(xh.dim(0), b0 + batch_size));
+  // At least 1: a model too large for even one sample on the GPU gets the layer's error.
+  const std::int64_t bs =
+      device_ == Device::kGpu ? std::max<std::int64_t>(1, std::min(batch_size, largest_gpu_batch())) : batch_size;
+  for (std::int64_t b0 = 0; b0 < xh.dim(0); b0 += bs) {
+    Tensor xb = xh.slice(b0, std::min(xh.dim(0), b0 + bs));
     if (device_ == Device::kGpu) {
       xb = xb.to(Device::kGpu);
       if (compute_dtype_ == DType::kF16) xb = xb.to(DType::kF16);

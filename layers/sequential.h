@@ -100,6 +100,10 @@ class Sequential {
   // (n, H, W, C): the input shape of a batch of n.
   Shape batch_shape(std::int64_t n) const;
   Shape output_shape(std::int64_t n) const;  // the last layer's output for a batch of n
+  // The largest batch every layer runs on the GPU: cuDNN's tensors hold at most 2^31 - 1
+  // elements, 99,273 images for the MNIST model (its first convolution's output). On the
+  // GPU, evaluate() and predict() split larger batches; fit() refuses them.
+  std::int64_t largest_gpu_batch() const;
   // A short string naming the layers and their sizes; checkpoints compare it.
   std::string architecture() const;
 

@@ -20,6 +20,7 @@
 #include "data/mnist.h"
 #include "kernels/errors.h"
 #include "layers/conv2d.h"
+#include "layers/dense.h"
 #include "layers/sequential.h"
 #include "layers/softmax_xent.h"
 #include "optim/adam.h"
@@ -228,6 +229,55 @@ TEST(ModelCpu, MovingToTheDeviceWithoutOneThrows) {
   mf::Rng rng(1);
   Sequential m = Sequential::mnist_cnn(rng);
   EXPECT_THROW(m.to(mf::Device::kGpu), mf::NoGpuError);
+}
+
+// cuDNN's tensors hold at most 2^31 - 1 elements. For the MNIST model the largest tensor
+// per image is the first convolution's output, 26 x 26 x 32 = 21,632 elements, so the GPU
+// takes batches of up to 2,147,483,647 / 21,632 = 99,273 (99,273 x 21,632 = 2,147,473,536;
+// one more image is 2,147,495,168). Only the convolution (cuDNN) limits it; the other
+// layers run our own kernels, which index with 64 bits.
+TEST(ModelCpu, LargestGpuBatchIsCudnnsLimitOverTheLargestTensor) {
+  mf::Rng rng(1);
+  Sequential m = Sequential::mnist_cnn(rng);
+  EXPECT_EQ(m.largest_gpu_batch(), 99273);
+  const mf::Layer& conv = *m.layers()[0];
+  EXPECT_EQ(conv.largest_gpu_batch(Shape{7, 28, 28, 1}), 99273) << "the batch dimension given is ignored";
+  EXPECT_NO_THROW(conv.check_gpu_batch(Shape{99273, 28, 28, 1}));
+  try {
+    conv.check_gpu_batch(Shape{99274, 28, 28, 1});
+    ADD_FAILURE() << "a batch of 99274 passed";
+  } catch (const std::invalid_argument& e) {
+    const std::string msg = e.what();
+    EXPECT_EQ(msg, "Conv2D 'conv2d': a batch of 99274 gives an output (99274, 26, 26, 32) of 2147495168 elements, "
+                   "more than the 2147483647 the GPU takes in one tensor here (cuDNN's limit); use batches of at "
+                   "most 99273");
+  }
+  // A convolution's input is the larger tensor when it shrinks the channels a lot:
+  // 1 filter of 5x5 on 64 channels takes in 12 x 12 x 64 = 9216 and gives 8 x 8 = 64.
+  mf::Conv2D narrow(64, 1, 5, mf::Activation::kNone, rng);
+  EXPECT_EQ(narrow.largest_gpu_batch(Shape{1, 12, 12, 64}), 2147483647 / 9216);
+  try {
+    narrow.check_gpu_batch(Shape{2147483647 / 9216 + 1, 12, 12, 64});
+    ADD_FAILURE() << "an input of more than 2^31 - 1 elements passed";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("an input (233017, 12, 12, 64) of 2147484672 elements"), std::string::npos)
+        << e.what();
+  }
+  // Not even one sample: 2046 x 2046 x 514 = 2,151,663,624 elements (513 filters would fit).
+  mf::Conv2D huge(1, 514, 3, mf::Activation::kNone, rng);
+  EXPECT_EQ(huge.largest_gpu_batch(Shape{1, 2048, 2048, 1}), 0);
+  mf::Conv2D just_fits(1, 513, 3, mf::Activation::kNone, rng);
+  EXPECT_EQ(just_fits.largest_gpu_batch(Shape{1, 2048, 2048, 1}), 1);
+  try {
+    huge.check_gpu_batch(Shape{1, 2048, 2048, 1});
+    ADD_FAILURE() << "one sample of 2151663624 output elements passed";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("even one sample is too large"), std::string::npos) << e.what();
+  }
+  // Our own kernels take any size.
+  mf::Dense dense(1600, 64, mf::Activation::kRelu, rng);
+  EXPECT_EQ(dense.largest_gpu_batch(Shape{1, 1600}), INT64_MAX / 1600);
+  EXPECT_EQ(Sequential().largest_gpu_batch(), INT64_MAX);
 }
 
 // ---- predict and evaluate -------------------------------------------------------------------

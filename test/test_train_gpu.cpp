@@ -18,6 +18,7 @@
 #include "kernels/device_allocator.h"
 #include "kernels/errors.h"
 #include "kernels/gpu_runtime.h"
+#include "layers/conv2d.h"
 #include "layers/conv_options.h"
 #include "layers/dense.h"
 #include "layers/sequential.h"
@@ -422,6 +423,68 @@ TEST(TrainGpu, AbsurdRequestIsOutOfMemoryNotAWrappedSize) {
     EXPECT_THROW(a.allocate(absurd), mf::OutOfMemoryError);
   }
   EXPECT_EQ(a.in_use(), before);
+}
+
+// cuDNN's tensors hold at most 2^31 - 1 elements: 99,273 MNIST images at the first
+// convolution's output. fit() refuses a larger batch before it allocates anything or
+// changes a weight, naming the largest batch that fits. A model too large for even one
+// sample is refused by its layer before the output is allocated (here 8.6 GB), in forward,
+// predict and evaluate alike; before, cuDNN refused the descriptor with a bare status after
+// that allocation.
+TEST(TrainGpu, BatchesLargerThanCudnnTakesAreRefusedBeforeAllocating) {
+  MF_SKIP_WITHOUT_GPU();
+  mf::DeviceAllocator& a = mf::DeviceAllocator::instance();
+  Sequential m = gpu_model(31, DType::kF32);
+  const std::vector<double> before = weights_of(m);
+  mf::data::Dataset d;  // 99,274 blank images: 78 MB on the host
+  d.count = 99274, d.rows = 28, d.cols = 28;
+  d.images.assign(static_cast<std::size_t>(d.count * 28 * 28), 0);
+  d.labels.assign(static_cast<std::size_t>(d.count), 0);
+  FitOptions o;
+  o.epochs = 1;
+  o.batch_size = 99274;
+  const std::size_t in_use = a.in_use();
+  try {
+    m.fit(d, nullptr, o);
+    ADD_FAILURE() << "a batch of 99274 was trained on";
+  } catch (const std::invalid_argument& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("Conv2D 'conv2d': a batch of 99274 gives an output (99274, 26, 26, 32)"), std::string::npos)
+        << msg;
+    EXPECT_NE(msg.find("use batches of at most 99273"), std::string::npos) << msg;
+  }
+  EXPECT_EQ(a.in_use(), in_use);
+  EXPECT_EQ(weights_of(m), before);
+
+  // 2046 x 2046 x 514 output elements for one 2048 x 2048 image.
+  mf::Rng rng(5);
+  Sequential wide;
+  wide.set_input_shape(mf::Shape{2048, 2048, 1});
+  wide.add(std::make_unique<mf::Conv2D>(1, 514, 3, mf::Activation::kNone, rng)).set_name("wide");
+  wide.to(Device::kGpu);
+  const Tensor x = Tensor::zeros({1, 2048, 2048, 1});
+  mf::data::Dataset one;
+  one.count = 1, one.rows = 2048, one.cols = 2048;
+  one.images.assign(2048 * 2048, 0);
+  one.labels.assign(1, 0);
+  const std::size_t held = a.in_use();
+  const auto expect_refused = [&](const char* what, const auto& call) {
+    try {
+      call();
+      ADD_FAILURE() << what << " of one 2048x2048 image through 514 filters passed";
+    } catch (const std::invalid_argument& e) {
+      const std::string msg = e.what();
+      EXPECT_NE(msg.find("Conv2D 'wide': a batch of 1 gives an output (1, 2046, 2046, 514)"), std::string::npos)
+          << what << ": " << msg;
+      EXPECT_NE(msg.find("even one sample is too large"), std::string::npos) << what << ": " << msg;
+    }
+    // The input (16 MiB in f32) and evaluate's copy of the images (4 MiB) may stay; the
+    // output (8.6 GB) was never asked for.
+    EXPECT_LT(a.in_use(), held + (64u << 20)) << what;
+  };
+  expect_refused("forward", [&] { wide.forward(x.to(Device::kGpu)); });
+  expect_refused("predict", [&] { wide.predict(x); });
+  expect_refused("evaluate", [&] { wide.evaluate(one); });
 }
 
 // ---- learning --------------------------------------------------------------------------------
