@@ -37,9 +37,9 @@ std::int64_t Layer::largest_gpu_batch(const Shape& in) const {
 }
 
 void Layer::check_gpu_batch(const Shape& in) const {
-  const std::int64_t largest = largest_gpu_batch(in), n = in[0];
-  if (n <= largest) return;
   const Shape out = output_shape(in);
+  if (std::max(in.numel(), out.numel()) <= gpu_max_tensor_elements()) return;  // the batch fits
+  const std::int64_t largest = largest_gpu_batch(in), n = in[0];
   const bool input_larger = in.numel() > out.numel();
   throw std::invalid_argument(
       type() + (name_.empty() ? "" : " '" + name_ + "'") + ": a batch of " + std::to_string(n) + " gives " +

@@ -109,6 +109,18 @@ std::int64_t Sequential::largest_gpu_batch() const {
   return largest;
 }
 
+void Sequential::check_gpu_batch(std::int64_t n) const {
+  Shape s = batch_shape(n);
+  for (const auto& l : layers_) {
+    l->check_gpu_batch(s);
+    s = l->output_shape(s);
+  }
+}
+
+std::int64_t Sequential::gpu_inference_batch(std::int64_t asked) const {
+  return std::max<std::int64_t>(1, std::min(asked, largest_gpu_batch()));
+}
+
 std::string Sequential::architecture() const {
   std::ostringstream os;
   os << "input" << input_shape_.str();
@@ -369,9 +381,7 @@ Tensor Sequential::predict(const Tensor& x, std::int64_t batch_size) {
   InferenceMode inference(*this);
   std::vector<float> out;
   const std::int64_t classes = output_shape(0)[1];
-  // At least 1: a model too large for even one sample on the GPU gets the layer's error.
-  const std::int64_t bs =
-      device_ == Device::kGpu ? std::max<std::int64_t>(1, std::min(batch_size, largest_gpu_batch())) : batch_size;
+  const std::int64_t bs = device_ == Device::kGpu ? gpu_inference_batch(batch_size) : batch_size;
   for (std::int64_t b0 = 0; b0 < xh.dim(0); b0 += bs) {
     Tensor xb = xh.slice(b0, std::min(xh.dim(0), b0 + bs));
     if (device_ == Device::kGpu) {

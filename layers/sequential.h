@@ -146,6 +146,13 @@ class Sequential {
   History fit_gpu(const data::Dataset& train, const data::Dataset* validation, const FitOptions& options,
                   const FitCallbacks& callbacks);
   EvalResult evaluate_gpu(const data::Dataset& d, std::int64_t batch_size);
+  // Throws the layer's error (Layer::check_gpu_batch) when a batch of n is too large for
+  // the GPU: fit's check, before it allocates anything.
+  void check_gpu_batch(std::int64_t n) const;
+  // The batch evaluate and predict run on the GPU when `asked` for: split to what every
+  // layer takes, and at least 1, so that a model too large for even one sample gets the
+  // layer's error rather than a loop over batches of 0.
+  std::int64_t gpu_inference_batch(std::int64_t asked) const;
   // The end of an epoch, for both loops. A complete epoch (all its steps ran) is validated,
   // logged, counted as done and reported to on_epoch_end; one cut short by a stop request is
   // only logged. Returns false when training stops: after a stop request, which at an

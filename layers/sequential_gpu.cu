@@ -571,13 +571,7 @@ std::string Sequential::gpu_training_info() const { return gpu_ ? gpu_->describe
 History Sequential::fit_gpu(const data::Dataset& train, const data::Dataset* validation, const FitOptions& options,
                             const FitCallbacks& callbacks) {
   data::check_dataset(train, "fit");
-  {  // a batch larger than cuDNN's tensors allow: refused before anything is allocated
-    Shape s = batch_shape(options.batch_size);  // fit() has capped it at the data's size
-    for (const auto& l : layers_) {
-      l->check_gpu_batch(s);
-      s = l->output_shape(s);
-    }
-  }
+  check_gpu_batch(options.batch_size);  // fit() has capped it at the data's size
   GpuContext& ctx = GpuContext::current();
   const cudaStream_t s = ctx.stream();
   GpuTrainer& t = trainer_of(gpu_);
@@ -671,9 +665,7 @@ EvalResult Sequential::evaluate_gpu(const data::Dataset& d, std::int64_t batch_s
   const cudaStream_t s = ctx.stream();
   GpuTrainer& t = trainer_of(gpu_);
   const bool half = compute_dtype_ == DType::kF16;
-  // Batches larger than cuDNN's tensors allow are split; at least 1, so that a model too
-  // large for even one sample gets the layer's error.
-  const std::int64_t bs = std::max<std::int64_t>(1, std::min({batch_size, d.count, largest_gpu_batch()}));
+  const std::int64_t bs = gpu_inference_batch(std::min(batch_size, d.count));  // d.count >= 1 here
   const std::int64_t sample = d.rows * d.cols;
   DeviceData& dd = t.device_data(d, true, s);
   ensure(t.eval_x, Shape{bs, d.rows, d.cols, 1}, compute_dtype_, Device::kGpu);
