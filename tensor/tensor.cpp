@@ -1,6 +1,7 @@
 // tensor.cpp: storage allocation, copies, conversions and views.
 #include "tensor/tensor.h"
 
+#include <cstdint>
 #include <cstdlib>
 #if defined(__GLIBC__)
 #include <malloc.h>
@@ -36,9 +37,18 @@ void configure_host_malloc() {
 Storage::Storage(std::size_t bytes, Device device) : bytes_(bytes), device_(device) {
   if (device == Device::kCpu) {
     configure_host_malloc();
+    // aligned_alloc wants a multiple of the alignment. Rounding up a size within 63 bytes of
+    // SIZE_MAX would wrap to 0 and hand out a 64-byte block for it; no allocator can give
+    // that much anyway, so it is refused as out of memory.
+    if (bytes > SIZE_MAX - (kHostAlign - 1))
+      throw OutOfMemoryError("host memory request of " + format_bytes(bytes) + " is larger than any machine",
+                             bytes, 0, 0);
     const std::size_t padded = (bytes + kHostAlign - 1) / kHostAlign * kHostAlign;
     data_ = std::aligned_alloc(kHostAlign, padded == 0 ? kHostAlign : padded);
-    if (!data_) throw std::bad_alloc();
+    // A failed allocation is an OutOfMemoryError, as on the GPU, so that the apps report it
+    // in one line with the tensor's size (Tensor::empty adds it) rather than "std::bad_alloc".
+    if (!data_)
+      throw OutOfMemoryError("host allocation of " + format_bytes(padded) + " failed", padded, 0, 0);
   } else {
     data_ = DeviceAllocator::instance().allocate(bytes);
   }
@@ -54,11 +64,17 @@ Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
   t.shape_ = shape;
   t.dtype_ = dtype;
   t.device_ = device;
+  const std::size_t bytes = t.nbytes();  // throws std::overflow_error past size_t
   try {
-    t.storage_ = std::make_shared<Storage>(t.nbytes(), device);
+    t.storage_ = std::make_shared<Storage>(bytes, device);
   } catch (const OutOfMemoryError& e) {
+    // One line naming the tensor, its size and where memory ran out, with what to try.
+    if (device == Device::kCpu)
+      throw OutOfMemoryError("out of host memory allocating " + describe(shape, dtype, device) + " (" +
+                                 format_bytes(bytes) + "). Try a smaller --batch-size.",
+                             e.requested(), e.in_use(), e.limit());
     throw OutOfMemoryError("out of GPU memory allocating " + describe(shape, dtype, device) + " (" +
-                               format_bytes(t.nbytes()) + "): " + e.what() +
+                               format_bytes(bytes) + "): " + e.what() +
                                ". Try a smaller --batch-size or --fp16.",
                            e.requested(), e.in_use(), e.limit());
   }
@@ -213,7 +229,11 @@ Tensor Tensor::slice(std::int64_t begin, std::int64_t end) const {
 }
 
 void ensure(Tensor& t, const Shape& shape, DType dtype, Device device) {
-  const std::size_t need = static_cast<std::size_t>(shape.numel()) * dtype_size(dtype);
+  // The byte count, checked as Tensor::nbytes() does: a wrapped product would find a small
+  // old buffer "large enough".
+  std::size_t need = 0;
+  if (__builtin_mul_overflow(static_cast<std::size_t>(shape.numel()), dtype_size(dtype), &need))
+    throw std::overflow_error("tensor of shape " + shape.str() + " has more bytes than size_t can count");
   if (t.storage_ && t.device_ == device && t.storage_->bytes() >= need) {
     if (t.shape_ == shape && t.dtype_ == dtype && t.offset_ == 0) return;
     t.shape_ = shape;

@@ -18,7 +18,8 @@
 
 namespace mf {
 
-// A block of memory on one device, freed when the last Tensor using it goes.
+// A block of memory on one device, freed when the last Tensor using it goes. Throws
+// OutOfMemoryError when the memory cannot be had (host or device).
 class Storage {
  public:
   Storage(std::size_t bytes, Device device);
@@ -39,8 +40,10 @@ class Tensor {
  public:
   Tensor() = default;  // undefined: defined() is false
 
-  // Uninitialised memory. Device memory that cannot be had throws OutOfMemoryError naming
-  // this tensor's dtype, shape and size.
+  // Uninitialised memory. Memory that cannot be had, host or device, throws
+  // OutOfMemoryError naming where, this tensor's dtype, shape and size: "out of host memory
+  // allocating f32 (16384, 32, 26, 26) on cpu (1.29 GiB). Try a smaller --batch-size."
+  // A byte count past size_t throws std::overflow_error (nbytes()).
   static Tensor empty(const Shape& shape, DType dtype = DType::kF32, Device device = Device::kCpu);
   static Tensor zeros(const Shape& shape, DType dtype = DType::kF32, Device device = Device::kCpu);
   // A host f32 tensor holding `values` (values.size() must equal shape.numel()).

@@ -28,6 +28,18 @@
 #include "tensor/tensor.h"
 #include "test/test_util.h"
 
+// AddressSanitizer (scripts/test.sh --sanitize) aborts on an allocation larger than it
+// supports instead of returning null; the out-of-memory tests below need the null that the
+// plain allocator returns. The environment's ASAN_OPTIONS still take precedence.
+#if defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define MF_TEST_UNDER_ASAN 1
+#endif
+#endif
+#if defined(__SANITIZE_ADDRESS__) || defined(MF_TEST_UNDER_ASAN)
+extern "C" const char* __asan_default_options() { return "allocator_may_return_null=1"; }
+#endif
+
 namespace {
 
 using mf::DType;
@@ -301,6 +313,39 @@ TEST(Tensor, EnsureReusesStorageWhenLargeEnough) {
   mf::ensure(fresh, {2}, DType::kI32, mf::Device::kCpu);
   EXPECT_TRUE(fresh.defined());
   EXPECT_EQ(fresh.dtype(), DType::kI32);
+}
+
+// A shape whose byte count wraps size_t must not find an old buffer "large enough": (2^62,)
+// f32 is 2^64 bytes, which wrapped to 0.
+TEST(Tensor, EnsureThrowsWhenTheByteCountOverflows) {
+  Tensor t;
+  mf::ensure(t, {4}, DType::kF32, mf::Device::kCpu);
+  void* const first = t.raw();
+  EXPECT_THROW(mf::ensure(t, Shape({std::int64_t{1} << 62}), DType::kF32, mf::Device::kCpu), std::overflow_error);
+  EXPECT_EQ(t.shape(), Shape({4}));  // left as it was
+  EXPECT_EQ(t.raw(), first);
+}
+
+// Host memory that cannot be had is an OutOfMemoryError, as device memory is, with one line
+// naming the tensor and its size. The request below (about 5.3 PiB) is larger than the
+// address space, so the allocator refuses it at once without touching any memory.
+TEST(Tensor, HostOutOfMemoryNamesTheTensor) {
+  const Shape huge{std::int64_t{1} << 36, 26, 26, 32};
+  try {
+    (void)Tensor::empty(huge, DType::kF32, mf::Device::kCpu);
+    ADD_FAILURE() << "expected an OutOfMemoryError";
+  } catch (const mf::OutOfMemoryError& e) {
+    const std::size_t bytes = (std::size_t{1} << 36) * 26 * 26 * 32 * 4;
+    EXPECT_EQ(std::string(e.what()), "out of host memory allocating f32 (68719476736, 26, 26, 32) on cpu (" +
+                                         mf::format_bytes(bytes) + "). Try a smaller --batch-size.");
+    EXPECT_GE(e.requested(), bytes);
+  }
+  // Storage on its own: a size within the alignment of SIZE_MAX used to wrap to a 64-byte
+  // block when rounded up; it is refused as out of memory instead.
+  EXPECT_THROW(mf::Storage(SIZE_MAX - 10, mf::Device::kCpu), mf::OutOfMemoryError);
+  EXPECT_THROW(mf::Storage(std::size_t{1} << 60, mf::Device::kCpu), mf::OutOfMemoryError);
+  // A small tensor is still fine afterwards.
+  EXPECT_EQ(Tensor::zeros({3}).to_vector(), std::vector<float>(3, 0.0f));
 }
 
 // ---- half precision -------------------------------------------------------------------------
