@@ -3,6 +3,7 @@
 
 #include <atomic>
 #include <cerrno>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -162,62 +163,48 @@ void write_bytes_atomic(const std::string& path, const void* data, std::size_t s
   }
 }
 
-std::string read_file_bytes(const std::string& path, std::size_t max_bytes) {
+namespace {
+// Closes a file descriptor when it goes out of scope, whatever is thrown in between.
+struct FdCloser {
+  int fd;
+  ~FdCloser() { ::close(fd); }
+};
+}  // namespace
+
+std::string read_file_bytes(const std::string& path, std::size_t max_bytes, const HeadCheck& check_head) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) throw std::runtime_error(error_text(path, "cannot open", errno));
+  const FdCloser closer{fd};
   struct stat st {};
-  if (::fstat(fd, &st) != 0) {
-    const int err = errno;
-    ::close(fd);
-    throw std::runtime_error(error_text(path, "cannot stat", err));
-  }
-  if (S_ISDIR(st.st_mode)) {
-    ::close(fd);
-    throw std::runtime_error(path + ": is a folder, not a file");
-  }
+  if (::fstat(fd, &st) != 0) throw std::runtime_error(error_text(path, "cannot stat", errno));
+  if (S_ISDIR(st.st_mode)) throw std::runtime_error(path + ": is a folder, not a file");
+  // A regular file says its size: refuse a large one before reading a byte. A pipe or a
+  // device (/dev/stdin, a process substitution, /dev/zero) says nothing; it is read to its
+  // end within the same limit, and check_head sees its first bytes before the rest is read.
   std::string out;
-  if (!S_ISREG(st.st_mode)) {
-    // A pipe or a device (/dev/stdin, a process substitution): its size says nothing; read
-    // to the end, within the same limit.
-    char chunk[65536];
-    for (;;) {
-      const ssize_t n = ::read(fd, chunk, sizeof chunk);
-      if (n < 0 && errno == EINTR) continue;
-      if (n < 0) {
-        const int err = errno;
-        ::close(fd);
-        throw std::runtime_error(error_text(path, "read failed", err));
-      }
-      if (n == 0) break;
-      out.append(chunk, static_cast<std::size_t>(n));
-      if (out.size() > max_bytes) {
-        ::close(fd);
-        throw std::runtime_error(path + ": too large (more than " + std::to_string(max_bytes) + " bytes expected)");
-      }
+  if (S_ISREG(st.st_mode)) {
+    if (static_cast<std::uint64_t>(st.st_size) > max_bytes)
+      throw std::runtime_error(path + ": too large (" + std::to_string(st.st_size) + " bytes, at most " +
+                               std::to_string(max_bytes) + " expected)");
+    out.reserve(static_cast<std::size_t>(st.st_size));
+  }
+  bool head_checked = !check_head;
+  char chunk[65536];
+  for (;;) {
+    const ssize_t n = ::read(fd, chunk, sizeof chunk);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) throw std::runtime_error(error_text(path, "read failed", errno));
+    if (n == 0) break;
+    out.append(chunk, static_cast<std::size_t>(n));
+    if (!head_checked && out.size() >= kHeadCheckBytes) {
+      head_checked = true;
+      check_head(out);
     }
-    ::close(fd);
-    return out;
+    // A regular file that grew while it was read is held to the same limit.
+    if (out.size() > max_bytes)
+      throw std::runtime_error(path + ": too large (more than " + std::to_string(max_bytes) + " bytes expected)");
   }
-  if (static_cast<std::size_t>(st.st_size) > max_bytes) {
-    ::close(fd);
-    throw std::runtime_error(path + ": too large (" + std::to_string(st.st_size) + " bytes, at most " +
-                             std::to_string(max_bytes) + " expected)");
-  }
-  out.resize(static_cast<std::size_t>(st.st_size));
-  std::size_t got = 0;
-  while (got < out.size()) {
-    const ssize_t n = ::read(fd, &out[got], out.size() - got);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      const int err = errno;
-      ::close(fd);
-      throw std::runtime_error(error_text(path, "read failed", err));
-    }
-    if (n == 0) break;  // the file shrank while we read it
-    got += static_cast<std::size_t>(n);
-  }
-  ::close(fd);
-  out.resize(got);
+  if (!head_checked) check_head(out);  // shorter than kHeadCheckBytes: all of it
   return out;
 }
 

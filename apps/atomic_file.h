@@ -1,6 +1,7 @@
 // atomic_file.h: durable, all-or-nothing file writes (checkpoints, plots, PNG grids).
 #pragma once
 #include <cstddef>
+#include <functional>
 #include <string>
 
 namespace mf::apps {
@@ -38,8 +39,16 @@ std::string without_path(const std::string& path, const std::string& message);
 // The folder `path` is in: "." for a bare name, "/" for one at the root.
 std::string parent_dir(const std::string& path);
 
+// Called with the first bytes of a file being read (at least kHeadCheckBytes of them, or
+// the whole file when it is shorter), before the rest is read: it throws to stop reading
+// a file of the wrong kind at once (a checkpoint reader handed /dev/zero, which never ends).
+using HeadCheck = std::function<void(const std::string& head)>;
+constexpr std::size_t kHeadCheckBytes = 64;
+
 // Reads a whole file (a pipe or a device to its end). Throws std::runtime_error "<path>: <why>" if it cannot be opened or
-// read, or is larger than `max_bytes` (a guard against reading a disk image by mistake).
-std::string read_file_bytes(const std::string& path, std::size_t max_bytes = std::size_t{1} << 32);
+// read, or is larger than `max_bytes` (a guard against reading a disk image by mistake),
+// and lets what `check_head` throws, if given, through.
+std::string read_file_bytes(const std::string& path, std::size_t max_bytes = std::size_t{1} << 32,
+                            const HeadCheck& check_head = nullptr);
 
 }  // namespace mf::apps

@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
+#include <limits>
 #include <map>
 #include <set>
 #include <sstream>
@@ -166,13 +167,28 @@ CheckpointMeta decode_meta(const Reader& r, const std::string& text) {
       const std::int64_t ep = parse_int(r, key, f[0]);
       if (ep < 0 || ep > 1000000) r.malformed("meta 'history' epoch out of range");
       e.epoch = static_cast<int>(ep);
-      e.loss = parse_double(r, key, f[1]);
-      e.accuracy = parse_double(r, key, f[2]);
-      e.val_loss = parse_double(r, key, f[3]);
-      e.val_accuracy = parse_double(r, key, f[4]);
-      e.train_seconds = parse_double(r, key, f[5]);
+      // The values go into plots, the metrics JSON and the resumed run's history: each must
+      // be one that training can produce. A loss is a mean of float cross-entropies: not
+      // negative, at most the largest float (so never inf). An accuracy is a fraction. The
+      // validation pair may be NaN: a run without a validation set.
+      const auto field = [&](int i, const char* name, double hi, const char* rule, bool nan_allowed) {
+        const double x = parse_double(r, key, f[i]);
+        if (!(std::isnan(x) && nan_allowed) && !(x >= 0 && x <= hi))
+          r.malformed("meta 'history' of epoch " + std::to_string(ep + 1) + ": " + name + " " + f[i] +
+                      " is out of range (" + rule + (nan_allowed ? ", or nan" : "") + ")");
+        return x;
+      };
+      const double kMaxLoss = std::numeric_limits<float>::max();
+      e.loss = field(1, "loss", kMaxLoss, "a loss is in [0, 3.40282347e+38]", false);
+      e.accuracy = field(2, "accuracy", 1, "an accuracy is in [0, 1]", false);
+      e.val_loss = field(3, "val_loss", kMaxLoss, "a loss is in [0, 3.40282347e+38]", true);
+      e.val_accuracy = field(4, "val_accuracy", 1, "an accuracy is in [0, 1]", true);
+      e.train_seconds = field(5, "train_seconds", std::numeric_limits<double>::max(),
+                              "a time is finite and not negative", false);
       e.steps = parse_int(r, key, f[6]);
       e.samples = parse_int(r, key, f[7]);
+      if (e.steps < 0 || e.samples < 0)
+        r.malformed("meta 'history' of epoch " + std::to_string(ep + 1) + ": a negative count of steps or samples");
       m.history.push_back(e);
       continue;
     }
@@ -275,6 +291,14 @@ std::string serialize_checkpoint(Sequential& model, Optimizer* optimizer, const 
   return out;
 }
 
+// Throws CheckpointError unless `bytes` start as a checkpoint does (as far as there are any).
+static void check_magic(const std::uint8_t* bytes, std::size_t size, const std::string& name) {
+  if (size == 0) throw CheckpointError(name, "empty file (0 bytes), not a checkpoint");
+  const std::size_t m = size < sizeof kMagic ? size : sizeof kMagic;
+  if (std::memcmp(bytes, kMagic, m) != 0)
+    throw CheckpointError(name, "not a microflow checkpoint (the file does not start with \"MFCKPT\")");
+}
+
 // Throws CheckpointError unless the values of `t` are sane: floats finite (a NaN weight
 // would predict "nan%" for every class), counts not negative (a negative step count would
 // give Adam a bias correction of the wrong sign), a loss scale finite and positive.
@@ -309,14 +333,14 @@ static void check_values(const CheckpointTensor& t, const std::uint8_t* bytes, c
 void save_checkpoint(const std::string& path, Sequential& model, Optimizer* optimizer, const CheckpointMeta& meta) {
   const std::string bytes = serialize_checkpoint(model, optimizer, meta);
   // Never replace a checkpoint with one that would be refused on loading (weights gone to
-  // NaN in a step that diverged): the last good one stays.
+  // NaN in a step that diverged): the last good one stays. The bytes about to be written
+  // get the checks of loading, metadata included.
   const auto* data = reinterpret_cast<const std::uint8_t*>(bytes.data());
-  for (const CheckpointTensor& t : parse_checkpoint(data, bytes.size(), path, /*verify_checksum=*/false).tensors) {
-    try {
+  try {
+    for (const CheckpointTensor& t : parse_checkpoint(data, bytes.size(), path, /*verify_checksum=*/false).tensors)
       check_values(t, data, path);
-    } catch (const CheckpointError& e) {
-      throw CheckpointError(path, "not saved, the file on disk is kept: " + without_path(path, e.what()));
-    }
+  } catch (const CheckpointError& e) {
+    throw CheckpointError(path, "not saved, the file on disk is kept: " + without_path(path, e.what()));
   }
   try {
     write_bytes_atomic(path, bytes.data(), bytes.size());
@@ -327,10 +351,7 @@ void save_checkpoint(const std::string& path, Sequential& model, Optimizer* opti
 
 CheckpointContents parse_checkpoint(const std::uint8_t* bytes, std::size_t size, const std::string& name,
                                     bool verify_checksum) {
-  if (size == 0) throw CheckpointError(name, "empty file (0 bytes), not a checkpoint");
-  const std::size_t m = size < sizeof kMagic ? size : sizeof kMagic;
-  if (std::memcmp(bytes, kMagic, m) != 0)
-    throw CheckpointError(name, "not a microflow checkpoint (the file does not start with \"MFCKPT\")");
+  check_magic(bytes, size, name);
   if (size < kHeaderBytes)
     throw CheckpointError(name, "truncated: only " + std::to_string(size) + " bytes, not even a header");
   Reader r(bytes, size, name);
@@ -414,8 +435,16 @@ CheckpointContents parse_checkpoint(const std::uint8_t* bytes, std::size_t size,
 CheckpointFile read_checkpoint(const std::string& path) {
   CheckpointFile f;
   f.path = path;
+  // The magic is checked on the first bytes read, so a device or a pipe that is not a
+  // checkpoint (/dev/zero, /dev/urandom) is refused at once instead of being read to the
+  // size limit.
+  const HeadCheck magic = [&](const std::string& head) {
+    check_magic(reinterpret_cast<const std::uint8_t*>(head.data()), head.size(), path);
+  };
   try {
-    f.bytes = read_file_bytes(path);
+    f.bytes = read_file_bytes(path, kMaxCheckpointBytes, magic);
+  } catch (const CheckpointError&) {
+    throw;
   } catch (const std::runtime_error& e) {
     throw CheckpointError(path, without_path(path, e.what()));
   }

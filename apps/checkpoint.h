@@ -48,6 +48,15 @@ class CheckpointError : public std::runtime_error {
 
 constexpr std::uint32_t kCheckpointVersion = 1;
 
+// The largest file read_checkpoint reads. A checkpoint holds the f32 weights and, for Adam,
+// two f32 moments per weight: 12 bytes per parameter, plus at most 16 MiB of metadata and
+// 64 KiB of architecture (the format's own limits). The MNIST model (121,930 parameters)
+// makes 1.5 MB. mnist_cnn grows with the image size through its first dense layer (about
+// 4,096 parameters per pixel of the last pooled map), and 256 MiB holds it for square
+// images up to about 290 x 290 pixels: ten times MNIST's side. A file, pipe or device
+// larger than this is refused without being read to its end.
+constexpr std::size_t kMaxCheckpointBytes = std::size_t{256} << 20;
+
 // Where a run stands and how it was set up, so that --resume continues it exactly.
 struct CheckpointMeta {
   int epoch = 0;               // epochs fully trained
@@ -95,7 +104,8 @@ std::string serialize_checkpoint(Sequential& model, Optimizer* optimizer, const 
 
 // Writes the checkpoint atomically (atomic_file.h): a failed save leaves any old file at
 // `path` as it was. Throws CheckpointError, also, writing nothing, when a weight or state
-// value would make the file refused on loading (NaN or inf, a negative count).
+// value would make the file refused on loading (NaN or inf, a negative count, a history value
+// out of range).
 void save_checkpoint(const std::string& path, Sequential& model, Optimizer* optimizer, const CheckpointMeta& meta);
 inline void save_checkpoint(const std::string& path, Sequential& model, Optimizer& optimizer,
                             const CheckpointMeta& meta) {
@@ -111,7 +121,8 @@ CheckpointContents parse_checkpoint(const std::uint8_t* bytes, std::size_t size,
                                     bool verify_checksum = true);
 
 // Reads a file and parses it (parse_checkpoint). Throws CheckpointError, also when the file
-// cannot be read.
+// cannot be read, is larger than kMaxCheckpointBytes, or does not start with the magic (a
+// pipe or a device is refused after its first bytes, not read to its end).
 CheckpointFile read_checkpoint(const std::string& path);
 
 // Copies parsed contents (`bytes`: the buffer they were parsed from) into `model`, and into

@@ -63,15 +63,42 @@ std::string hardware_description(Device device, int gpu_index) {
 void check_output_path(const char* flag, const std::string& path) {
   if (path.empty()) return;
   const std::string what = std::string("--") + flag + " " + path;
-  struct stat st {};
-  if (::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode))
-    throw std::invalid_argument(what + ": is a folder, not a file");
+  // The cases write_bytes_atomic (apps/atomic_file.cpp) tells apart, judged as it judges
+  // them, so that what passes here is what the write accepts after the training.
+  struct stat st {}, lst {};
+  const bool exists = ::stat(path.c_str(), &st) == 0;  // follows symlinks
+  if (exists && S_ISDIR(st.st_mode)) throw std::invalid_argument(what + ": is a folder, not a file");
   if (path.back() == '/') throw std::invalid_argument(what + ": ends in '/': names a folder, not a file");
-  const std::string dir = parent_dir(path);
+  if (exists && !S_ISREG(st.st_mode)) {
+    // A device or a pipe (/dev/stdout, a FIFO) is written in place: the file itself must be
+    // writable, its folder need not be (/dev is not).
+    if (::access(path.c_str(), W_OK) != 0) throw std::invalid_argument(what + ": is not writable");
+    return;
+  }
+  // A symlink has its target replaced, so the target's folder is the one written to. A
+  // symlink to a missing file is refused by the writer (it does not create files through
+  // links), so it is refused here too, before any training.
+  std::string target = path;
+  if (::lstat(path.c_str(), &lst) == 0 && S_ISLNK(lst.st_mode)) {
+    if (!exists) {
+      std::error_code ec;
+      const std::string to = std::filesystem::read_symlink(path, ec).string();
+      throw std::invalid_argument(what + ": is a symlink to a missing file" + (ec ? "" : " (" + to + ")"));
+    }
+    char* resolved = ::realpath(path.c_str(), nullptr);
+    if (!resolved) {
+      const int err = errno;
+      throw std::invalid_argument(what + ": cannot resolve the symlink: " + std::strerror(err));
+    }
+    target = resolved;
+    std::free(resolved);
+  }
+  const std::string dir = parent_dir(target);
+  const std::string shown = target == path ? dir : dir + " (where the symlink points)";
   if (::stat(dir.c_str(), &st) == 0 && !S_ISDIR(st.st_mode))  // access() alone passes a file
-    throw std::invalid_argument(what + ": " + dir + " is a file, not a folder");
+    throw std::invalid_argument(what + ": " + shown + " is a file, not a folder");
   if (::access(dir.c_str(), W_OK) != 0)
-    throw std::invalid_argument(what + ": folder " + dir + " does not exist or is not writable");
+    throw std::invalid_argument(what + ": folder " + shown + " does not exist or is not writable");
 }
 
 bool same_file(const std::string& a, const std::string& b) {
@@ -105,20 +132,66 @@ void write_file_atomic(const std::string& path, const std::string& text) {
 }
 
 namespace {
+// The length of the well-formed UTF-8 sequence at s[i] (1 to 4), or 0 when the bytes there
+// are not one; then `*bad` is how many bytes to replace with one U+FFFD: the longest start
+// of a valid sequence, at least 1 (Unicode's "maximal subpart", as Python's
+// decode("utf-8", "replace") does). Well-formed means RFC 3629: no overlong forms, no
+// surrogates (U+D800..U+DFFF), nothing past U+10FFFF.
+std::size_t utf8_sequence(const std::string& s, std::size_t i, std::size_t* bad) {
+  const auto byte = [&](std::size_t k) { return static_cast<unsigned char>(s[k]); };
+  const unsigned char b0 = byte(i);
+  *bad = 1;
+  if (b0 < 0x80) return 1;
+  // The length the lead byte announces and the range its second byte must lie in (the
+  // narrower ranges rule out overlong forms, surrogates and code points past U+10FFFF);
+  // later bytes are all continuation bytes, 0x80..0xBF.
+  std::size_t len = 0;
+  unsigned char lo = 0x80, hi = 0xBF;
+  if (b0 >= 0xC2 && b0 <= 0xDF) len = 2;
+  else if (b0 == 0xE0) len = 3, lo = 0xA0;
+  else if (b0 >= 0xE1 && b0 <= 0xEC) len = 3;
+  else if (b0 == 0xED) len = 3, hi = 0x9F;
+  else if (b0 >= 0xEE && b0 <= 0xEF) len = 3;
+  else if (b0 == 0xF0) len = 4, lo = 0x90;
+  else if (b0 >= 0xF1 && b0 <= 0xF3) len = 4;
+  else if (b0 == 0xF4) len = 4, hi = 0x8F;
+  else return 0;  // a continuation byte on its own, C0, C1, F5..FF: never valid
+  for (std::size_t k = 1; k < len; ++k) {
+    if (i + k >= s.size()) return 0;  // cut short by the end of the string
+    const unsigned char b = byte(i + k);
+    if (b < (k == 1 ? lo : 0x80) || b > (k == 1 ? hi : 0xBF)) return 0;
+    *bad = k + 1;
+  }
+  return len;
+}
+}  // namespace
+
+std::string json_string(const std::string& s) {
+  std::string r = "\"";
+  for (std::size_t i = 0; i < s.size();) {
+    const char c = s[i];
+    std::size_t bad = 1;
+    const std::size_t n = utf8_sequence(s, i, &bad);
+    if (n == 0) {
+      r += "\xef\xbf\xbd";  // U+FFFD REPLACEMENT CHARACTER, in UTF-8
+      i += bad;
+      continue;
+    }
+    if (n > 1) r.append(s, i, n);  // a valid multi-byte character, as it is
+    else if (c == '"' || c == '\\') r += '\\', r += c;
+    else if (static_cast<unsigned char>(c) < 0x20) r += ' ';  // control characters: a space
+    else r += c;
+    i += n;
+  }
+  return r + "\"";
+}
+
+namespace {
 std::string num(double v) {
   if (!std::isfinite(v)) return "null";
   char b[64];
   std::snprintf(b, sizeof b, "%.6g", v);
   return b;
-}
-std::string quote(const std::string& s) {
-  std::string r = "\"";
-  for (char c : s) {
-    if (c == '"' || c == '\\') r += '\\', r += c;
-    else if (static_cast<unsigned char>(c) < 0x20) r += ' ';
-    else r += c;
-  }
-  return r + "\"";
 }
 std::string utc_now() {
   char b[32];
@@ -131,11 +204,11 @@ std::string utc_now() {
 void write_metrics_json(const std::string& path, const RunInfo& info, const History& h, const EvalResult& test,
                         Sequential& model) {
   std::ostringstream os;
-  os << "{\n  \"date\": " << quote(utc_now()) << ",\n  \"device\": " << quote(device_name(info.device))
-     << ",\n  \"hardware\": " << quote(info.hardware) << ",\n  \"precision\": " << quote(info.fp16 ? "fp16" : "fp32")
+  os << "{\n  \"date\": " << json_string(utc_now()) << ",\n  \"device\": " << json_string(device_name(info.device))
+     << ",\n  \"hardware\": " << json_string(info.hardware) << ",\n  \"precision\": " << json_string(info.fp16 ? "fp16" : "fp32")
      << ",\n  \"batch_size\": " << info.batch_size << ",\n  \"threads\": " << info.threads
      << ",\n  \"seed\": " << info.seed << ",\n  \"params\": " << model.num_params()
-     << ",\n  \"data\": " << quote(info.data_dir) << ",\n  \"interrupted\": " << (h.interrupted ? "true" : "false")
+     << ",\n  \"data\": " << json_string(info.data_dir) << ",\n  \"interrupted\": " << (h.interrupted ? "true" : "false")
      << ",\n  \"epochs\": [";
   for (std::size_t i = 0; i < h.epochs.size(); ++i) {
     const EpochLog& e = h.epochs[i];

@@ -22,9 +22,11 @@ std::string one_line(const std::string& s);
 // folder, synced, then renamed over the target), so a crash never leaves half a file.
 void write_file_atomic(const std::string& path, const std::string& text);
 
-// Throws std::invalid_argument ("--FLAG PATH: ...") when `path` could not be written: it
-// names a folder (an existing one, or any path ending in '/'), or its folder is missing or
-// not writable. The apps call it before any long work; an empty path passes.
+// Throws std::invalid_argument ("--FLAG PATH: ...") when write_bytes_atomic could not write
+// `path`: it names a folder (an existing one, or any path ending in '/'), it is a symlink to
+// a missing file, or the folder the file would be replaced in (the target's, for a symlink)
+// is missing or not writable; a device or a pipe must itself be writable. The apps call it
+// before any long work; an empty path passes.
 void check_output_path(const char* flag, const std::string& path);
 
 // True when `a` and `b` name the same file: the same inode when both exist (hard links and
@@ -34,6 +36,11 @@ bool same_file(const std::string& a, const std::string& b);
 // For the end of main: `status`, or 1 with a one-line error when writing standard output
 // failed (a full disk, a closed pipe), which would otherwise lose the results in silence.
 int exit_status_after_stdout(const char* program, int status);
+
+// `s` as a JSON string literal, quotes included: '"' and '\\' escaped, control characters
+// turned into spaces (messages stay on one line), and bytes that are not well-formed UTF-8
+// (a path such as $'dat\xff') replaced by U+FFFD, so the file always parses as JSON.
+std::string json_string(const std::string& s);
 
 struct RunInfo {
   Device device;

@@ -12,9 +12,11 @@
 namespace mf::apps {
 
 namespace {
+// Nine significant digits tell any two floats apart (and the doubles the flags hold, as far
+// as a message needs): "1e-08" and "9.99999994e-09" never both print as "1e-08".
 std::string fmt_double(double v) {
   char b[64];
-  std::snprintf(b, sizeof b, "%g", v);
+  std::snprintf(b, sizeof b, "%.9g", v);
   return b;
 }
 // The ranges, as the parsers and accepts() test them and as the errors and range_text()
@@ -29,6 +31,14 @@ bool int_in_range(std::int64_t x, std::int64_t lo, std::int64_t hi) { return x >
 bool double_in_range(double x, double lo, double hi, bool hi_inclusive) {
   // Written so that NaN, which compares false with everything, is outside.
   return std::isfinite(x) && x >= lo && (hi_inclusive ? x <= hi : x < hi);
+}
+// The values are used in single precision. Rounding to float can only move a value within
+// [lo, hi] to the float nearest a bound, which for an included bound is the bound itself
+// as the program sees it (--lr 1e-8 becomes 9.99999994e-09, the float 1e-8): accepted. An
+// excluded upper bound is different: --momentum 0.99999999999 becomes exactly 1, the value
+// the range leaves out. So only that bound is checked again, on the float.
+bool float_passes_excluded_bound(double x, double hi, bool hi_inclusive) {
+  return !hi_inclusive && !(static_cast<double>(static_cast<float>(x)) < hi);
 }
 }  // namespace
 
@@ -106,7 +116,7 @@ void Flags::add_double(const std::string& name, double* target, double lo, doubl
                  throw FlagError("--" + name + " must be " + double_range_text(lo, hi, hi_inclusive) + ", got " + v +
                                  magnitude);
                // The value is used in single precision: 0.99999999999 rounds to 1, outside [0, 1).
-               if (!double_in_range(static_cast<float>(x), lo, hi, hi_inclusive))
+               if (float_passes_excluded_bound(x, hi, hi_inclusive))
                  throw FlagError("--" + name + " must be " + double_range_text(lo, hi, hi_inclusive) + ", got " + v +
                                  " (" + fmt_double(static_cast<float>(x)) + " in single precision)");
                *target = x;
@@ -133,7 +143,7 @@ bool Flags::accepts(const std::string& name, std::int64_t value) const {
 
 bool Flags::accepts(const std::string& name, double value) const {
   const Spec& s = spec_of(name, Kind::kDouble);
-  return double_in_range(value, s.lo, s.hi, s.hi_inclusive);
+  return double_in_range(value, s.lo, s.hi, s.hi_inclusive) && !float_passes_excluded_bound(value, s.hi, s.hi_inclusive);
 }
 
 std::string Flags::range_text(const std::string& name) const {

@@ -39,7 +39,8 @@ class Flags {
   void allow_positional(const std::string& what) { positional_name_ = what; }
 
   // Whether --name would accept `value`: an int flag's value within [lo, hi]; a double
-  // flag's value finite and within its range (NaN is never accepted). Throws
+  // flag's value finite and within its range (NaN is never accepted), and, when the upper
+  // end is excluded, still below it once rounded to float (0.99999999999 is 1). Throws
   // std::logic_error when --name is not declared, or is not an int (resp. double) flag.
   bool accepts(const std::string& name, std::int64_t value) const;
   bool accepts(const std::string& name, double value) const;

@@ -144,10 +144,53 @@ double nice_step(double range, int target) {
 }
 
 std::string tick_label(double v, double step) {
-  const int decimals = std::max(0, static_cast<int>(-std::floor(std::log10(step) + 1e-9)));
   char b[32];
-  std::snprintf(b, sizeof b, "%.*f", decimals, std::fabs(v) < step * 1e-6 ? 0.0 : v);
+  if (std::fabs(v) < step * 1e-6) v = 0;
+  // Huge values (a diverged loss) in exponent form: "%f" would spell out 300 digits.
+  if (std::fabs(v) >= 1e9) {
+    std::snprintf(b, sizeof b, "%.3g", v);
+    return b;
+  }
+  const int decimals = std::clamp(static_cast<int>(-std::floor(std::log10(step) + 1e-9)), 0, 12);
+  std::snprintf(b, sizeof b, "%.*f", decimals, v);
   return b;
+}
+
+// A panel's y axis: [lo, hi] with a tick every `step`, starting at lo.
+struct YAxis {
+  double lo, hi, step;
+};
+constexpr int kMaxYTicks = 12;  // nice_step aims at 5 intervals; anything past this is wrong
+
+// The y axis for values in [lo, hi] (lo > hi: no finite values), rounded out to whole
+// steps; the loss axis starts at 0, the accuracy axis stays within [0, 1]. Whatever the
+// numbers (near the largest double, all equal, none), the result has finite ends, lo < hi,
+// a finite positive step and at most kMaxYTicks + 1 ticks; when the values allow no such
+// axis it is [0, 1].
+YAxis y_axis(double lo, double hi, bool is_accuracy) {
+  const YAxis fallback{0, 1, 0.2};
+  if (!(std::isfinite(lo) && std::isfinite(hi) && lo <= hi)) return fallback;
+  if (!is_accuracy) lo = std::min(0.0, lo);
+  // A flat curve: open the range around it, by 5 % of its height (0.05 at least).
+  if (hi - lo < 1e-9 * std::max(1.0, std::fabs(hi))) {
+    const double pad = std::max(0.05, 0.05 * std::fabs(hi));
+    lo -= pad, hi += pad;
+  }
+  YAxis a{lo, hi, nice_step(hi - lo, 5)};
+  // Round the ends out to whole steps, unless that overflows (hi near the largest double).
+  const double rlo = std::floor(lo / a.step + 1e-9) * a.step, rhi = std::ceil(hi / a.step - 1e-9) * a.step;
+  if (std::isfinite(rlo)) a.lo = rlo;
+  if (std::isfinite(rhi)) a.hi = rhi;
+  if (is_accuracy) {
+    a.lo = std::max(0.0, a.lo), a.hi = std::min(1.0, a.hi);
+    // Values far past 1 gave a step larger than what is left of the axis.
+    if (a.hi > a.lo && a.step > a.hi - a.lo) a.step = nice_step(a.hi - a.lo, 5);
+  }
+  if (a.hi <= a.lo) a.hi = a.lo + a.step;
+  // hi - lo past the largest double, a step of 0 or inf, or too many ticks: no usable axis.
+  const bool usable = std::isfinite(a.lo) && std::isfinite(a.hi) && a.lo < a.hi && std::isfinite(a.step) &&
+                      a.step > 0 && std::isfinite(a.hi - a.lo) && (a.hi - a.lo) / a.step <= kMaxYTicks;
+  return usable ? a : fallback;
 }
 
 struct Curve {
@@ -167,28 +210,26 @@ void draw_panel(Canvas& cv, int px, int py, int pw, int ph, const std::string& t
   cv.text(px + pw / 2 - Canvas::text_width(title, 2) / 2, py + 8, title, kInk, 2);
 
   // y range from the finite values; loss from 0, accuracy within [0, 1].
-  double lo = INFINITY, hi = -INFINITY;
+  double vmin = INFINITY, vmax = -INFINITY;
   for (const Curve& c : curves)
     for (double v : c.y)
-      if (std::isfinite(v)) lo = std::min(lo, v), hi = std::max(hi, v);
-  if (!std::isfinite(lo)) lo = 0, hi = 1;
-  if (!is_accuracy) lo = std::min(0.0, lo);
-  if (hi - lo < 1e-9) lo -= 0.05, hi += 0.05;
-  const double ystep = nice_step(hi - lo, 5);
-  lo = std::floor(lo / ystep + 1e-9) * ystep;
-  hi = std::ceil(hi / ystep - 1e-9) * ystep;
-  if (is_accuracy) lo = std::max(0.0, lo), hi = std::min(1.0, hi);
-  if (hi <= lo) hi = lo + ystep;
+      if (std::isfinite(v)) vmin = std::min(vmin, v), vmax = std::max(vmax, v);
+  const YAxis axis = y_axis(vmin, vmax, is_accuracy);  // no finite values: [0, 1]
+  const double lo = axis.lo, hi = axis.hi, ystep = axis.step;
 
   // x range: the epochs, padded so the end markers are not cut.
   const double xmin = xs.front(), xmax = xs.back();
   const double xpad = xmax > xmin ? 0.04 * (xmax - xmin) : 0.5;
   const double x_lo = xmin - xpad, x_hi = xmax + xpad;
   auto sx = [&](double x) { return left + (x - x_lo) / (x_hi - x_lo) * (right - left); };
-  auto sy = [&](double y) { return bottom - (y - lo) / (hi - lo) * (bottom - top); };
+  // A value off the axis (only when y_axis fell back to [0, 1]) is drawn just outside the
+  // panel, where the canvas clips it, not at a coordinate too large for an int.
+  auto sy = [&](double y) {
+    return std::clamp(bottom - (y - lo) / (hi - lo) * (bottom - top), top - 2.0 * ph, bottom + 2.0 * ph);
+  };
 
   // Grid and y ticks.
-  for (int i = 0;; ++i) {
+  for (int i = 0; i <= kMaxYTicks; ++i) {
     const double v = lo + i * ystep;
     if (v > hi + ystep * 1e-6) break;
     const int y = static_cast<int>(std::lround(sy(v)));
@@ -199,7 +240,8 @@ void draw_panel(Canvas& cv, int px, int py, int pw, int ph, const std::string& t
   }
   // x ticks: whole epochs, about 10 at most.
   const double xstep = std::max(1.0, std::ceil(nice_step(std::max(1.0, xmax - xmin), 8)));
-  for (double e = std::ceil(xmin / xstep) * xstep; e <= xmax + 1e-9; e += xstep) {
+  int x_ticks = 0;
+  for (double e = std::ceil(xmin / xstep) * xstep; e <= xmax + 1e-9 && x_ticks < 20; e += xstep, ++x_ticks) {
     const int x = static_cast<int>(std::lround(sx(e)));
     cv.fill_rect(x, bottom, x + 1, bottom + 5, kAxis);
     const std::string l = tick_label(e, 1);

@@ -13,7 +13,9 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <limits>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "apps/atomic_file.h"
@@ -229,6 +231,108 @@ TEST(Checkpoint, ForeignEmptyAndOtherVersionFilesAreRefused) {
   expect_refused(dir.file("v2.ckpt"), "format version 2, this build reads version 1");
   spit(dir.file("long.ckpt"), slurp(good) + "x");
   expect_refused(dir.file("long.ckpt"), "extra bytes");
+}
+
+// A device or a pipe that is not a checkpoint is refused after its first bytes: /dev/zero
+// used to be read to the 4 GiB limit (24 s, 8.6 GB) before its magic was looked at.
+TEST(Checkpoint, DevicesAndPipesThatAreNotCheckpointsAreRefusedAtOnce) {
+  expect_refused("/dev/zero", "not a microflow checkpoint");
+  // A pipe offering 4 MiB of text: reading stops at the first chunk, so the writer can put
+  // no more than that chunk and a pipe buffer in before the reader goes (EPIPE).
+  int fds[2];
+  ASSERT_EQ(::pipe(fds), 0);
+  const auto old_sigpipe = std::signal(SIGPIPE, SIG_IGN);
+  std::size_t written = 0;
+  std::thread writer([&] {
+    const std::string chunk(4096, 'x');
+    while (written < (std::size_t{4} << 20)) {
+      const ssize_t n = ::write(fds[1], chunk.data(), chunk.size());
+      if (n <= 0) break;  // EPIPE: the reader is gone
+      written += static_cast<std::size_t>(n);
+    }
+    ::close(fds[1]);
+  });
+  const std::string path = "/dev/fd/" + std::to_string(fds[0]);
+  try {
+    apps::read_checkpoint(path);
+    ADD_FAILURE() << "a pipe of text was read as a checkpoint";
+  } catch (const CheckpointError& e) {
+    EXPECT_EQ(std::string(e.what()), path + ": not a microflow checkpoint (the file does not start with \"MFCKPT\")");
+  }
+  ::close(fds[0]);
+  writer.join();
+  std::signal(SIGPIPE, old_sigpipe);
+  EXPECT_LT(written, std::size_t{1} << 20) << "the pipe was read on after its first bytes";
+}
+
+// A checkpoint is at most kMaxCheckpointBytes: a larger file is refused from its size,
+// unread, even when it starts like one. The real one is far below the limit.
+TEST(Checkpoint, FilesLargerThanTheLimitAreRefusedUnread) {
+  TempDir dir;
+  const std::string good = dir.file("good.ckpt");
+  trained_and_saved(good);
+  EXPECT_LT(slurp(good).size(), apps::kMaxCheckpointBytes / 100);
+  // A sparse file: its size is set, no disk space is used.
+  const std::string big = dir.file("big.ckpt");
+  spit(big, slurp(good).substr(0, 24));
+  ASSERT_EQ(::truncate(big.c_str(), static_cast<off_t>(apps::kMaxCheckpointBytes) + 1), 0);
+  expect_refused(big, "too large (" + std::to_string(apps::kMaxCheckpointBytes + 1) + " bytes, at most " +
+                          std::to_string(apps::kMaxCheckpointBytes) + " expected)");
+}
+
+// History values that training cannot produce are refused, naming the epoch and the field:
+// a loss of 1.7e308 made the plot's loss axis infinite and --plot never finished. Such a
+// history is not saved either, and the file on disk stays.
+TEST(Checkpoint, HistoryValuesOutOfRangeAreRefused) {
+  TempDir dir;
+  const double nan = std::nan(""), inf = INFINITY;
+  struct Case {
+    std::function<void(EpochLog&)> spoil;
+    std::string expect;
+  };
+  const std::vector<Case> cases = {
+      {[](EpochLog& e) { e.loss = 1.7e308; }, "epoch 1: loss 1.6999999999999999e+308 is out of range"},
+      {[&](EpochLog& e) { e.loss = inf; }, "epoch 1: loss inf is out of range"},
+      {[&](EpochLog& e) { e.loss = nan; }, "epoch 1: loss nan is out of range"},
+      {[](EpochLog& e) { e.loss = -0.5; }, "epoch 1: loss -0.5 is out of range"},
+      {[](EpochLog& e) { e.accuracy = 1.5; }, "epoch 1: accuracy 1.5 is out of range (an accuracy is in [0, 1])"},
+      {[&](EpochLog& e) { e.accuracy = nan; }, "epoch 1: accuracy nan is out of range"},
+      {[&](EpochLog& e) { e.val_loss = inf; }, "epoch 1: val_loss inf is out of range"},
+      {[](EpochLog& e) { e.val_accuracy = -0.25; }, "epoch 1: val_accuracy -0.25 is out of range"},
+      {[&](EpochLog& e) { e.train_seconds = -inf; }, "epoch 1: train_seconds -inf is out of range"},
+      {[](EpochLog& e) { e.steps = -1; }, "epoch 1: a negative count of steps or samples"},
+  };
+  Sequential m = trained_and_saved(dir.file("unused.ckpt"));
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.expect);
+    apps::CheckpointMeta meta = meta_for(1);
+    c.spoil(meta.history[0]);
+    const std::string path = dir.file("bad.ckpt");
+    spit(path, apps::serialize_checkpoint(m, m.optimizer(), meta));
+    expect_refused(path, "malformed checkpoint: meta 'history' of " + c.expect);
+    // save_checkpoint refuses to write it over a good file.
+    const std::string kept = dir.file("kept.ckpt");
+    apps::save_checkpoint(kept, m, *m.optimizer(), meta_for(1));
+    const std::string before = slurp(kept);
+    try {
+      apps::save_checkpoint(kept, m, *m.optimizer(), meta);
+      ADD_FAILURE() << "saved a history that loading refuses";
+    } catch (const CheckpointError& e) {
+      EXPECT_NE(std::string(e.what()).find("not saved, the file on disk is kept"), std::string::npos) << e.what();
+    }
+    EXPECT_EQ(slurp(kept), before);
+  }
+  // The ends of the ranges, and no validation set (NaN), are fine.
+  apps::CheckpointMeta meta = meta_for(1);
+  meta.history[0].loss = std::numeric_limits<float>::max();
+  meta.history[0].accuracy = 1;
+  meta.history[0].val_loss = meta.history[0].val_accuracy = nan;
+  apps::save_checkpoint(dir.file("edge.ckpt"), m, *m.optimizer(), meta);
+  Sequential fresh = make_model(7);
+  const apps::CheckpointMeta back = apps::load_checkpoint(dir.file("edge.ckpt"), fresh, *fresh.optimizer());
+  EXPECT_EQ(back.history[0].loss, static_cast<double>(std::numeric_limits<float>::max()));
+  EXPECT_EQ(back.history[0].accuracy, 1.0);
+  EXPECT_TRUE(std::isnan(back.history[0].val_loss));
 }
 
 // A whole file (good checksum) that holds insane values is refused, naming the tensor, and
