@@ -14,6 +14,7 @@
 #include <cstdarg>
 #include <cstdio>
 #include <cstdlib>
+#include <new>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -431,6 +432,12 @@ static int run_main(int argc, char** argv) {
                   fmt("%d of %d sampled elements of the first result agree with a double-precision CPU dot product "
                       "(worst error %.2f of the tolerance 2^-12 * sum |a b|)",
                       r.cpu_checked - r.cpu_failed, r.cpu_checked, r.cpu_worst));
+        } catch (const std::bad_alloc&) {
+          // The inputs are filled on the host first: two n x n float matrices.
+          rep.add(Mark::kFail, fmt("stress test: out of host memory for the two %lldx%lld input matrices (%s): "
+                                   "try a smaller --burn-size",
+                                   static_cast<long long>(burn_size), static_cast<long long>(burn_size),
+                                   format_bytes(static_cast<std::size_t>(2 * 4 * burn_size * burn_size)).c_str()));
         } catch (const std::exception& e) {
           rep.add(Mark::kFail, "stress test: " + apps::one_line(e.what()));
         }
@@ -449,6 +456,10 @@ static int run_main(int argc, char** argv) {
     else
       std::printf("Ready to train on the CPU only: %s.\n", gpu_status().reason.c_str());
     return rep.count(Mark::kFail) > 0 ? 1 : 0;
+  } catch (const std::bad_alloc&) {
+    // The C++ library's own message is just "std::bad_alloc"; the checks need only a few MB.
+    std::fprintf(stderr, "doctor: error: out of host memory running the checks; free some memory\n");
+    return 1;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "doctor: error: %s\n", apps::one_line(e.what()).c_str());
     return 1;

@@ -6,6 +6,7 @@
 //   predict --model mnist.ckpt --grid wrong.png         # misclassified test digits, labelled
 #include <algorithm>
 #include <cstdio>
+#include <new>
 #include <numeric>
 #include <string>
 #include <vector>
@@ -112,11 +113,35 @@ static int run_main(int argc, char** argv) {
     if (model_path.empty()) throw apps::FlagError("--model is required (a checkpoint from train_mnist --save)");
     if (flags.positional().empty() && grid.empty())
       throw apps::FlagError("give image files to classify, or --grid PATH (see --help)");
+    // The grid PNG is written last, over whatever file --grid names: refused when that is the
+    // checkpoint, one of the images or one of the data files (the grid reads them first).
+    if (!grid.empty()) {
+      if (apps::same_file(grid, model_path))
+        throw apps::FlagError("--grid " + grid + " and --model " + model_path +
+                              " name the same file: the grid would overwrite the checkpoint");
+      for (const std::string& image : flags.positional())
+        if (apps::same_file(grid, image))
+          throw apps::FlagError("--grid " + grid + " and the image " + image +
+                                " name the same file: the grid would overwrite the image");
+      data::MnistFiles in;
+      try {
+        in = data::find_mnist_files(data_dir);
+      } catch (const data::DataError&) {
+        // no data files: none can be overwritten (write_grid reports the missing data)
+      }
+      for (const std::string* file : {&in.train_images, &in.train_labels, &in.test_images, &in.test_labels})
+        if (apps::same_file(grid, *file))
+          throw apps::FlagError("--grid " + grid + " is the data file " + *file +
+                                ": writing there would destroy the data");
+    }
   } catch (const apps::FlagError& e) {
     std::fprintf(stderr, "predict: error: %s\n", e.what());
     return 2;
   }
 
+  // What predict is doing, and what to try, for an out-of-host-memory message.
+  const char* stage = "loading the model";
+  const char* oom_hint = "free some memory";
   try {
     apps::check_output_path("grid", grid);  // before the model and the 10,000 test digits
     Rng rng(0);
@@ -130,6 +155,8 @@ static int run_main(int argc, char** argv) {
     int failed = 0;
     std::vector<std::string> ok_paths;
     std::vector<float> pixels;
+    stage = "reading the images";
+    oom_hint = "free some memory, or give fewer or smaller images at a time";
     for (const std::string& path : flags.positional()) {
       try {
         const std::vector<float> px = apps::mnist_preprocess(apps::read_gray_image(path), path);
@@ -141,6 +168,7 @@ static int run_main(int argc, char** argv) {
       }
     }
     if (!ok_paths.empty()) {
+      stage = "classifying the images";
       const auto n = static_cast<std::int64_t>(ok_paths.size());
       const Tensor probs =
           model.predict(Tensor::from_vector(Shape{n, apps::kMnistSide, apps::kMnistSide, 1}, pixels));
@@ -162,8 +190,16 @@ static int run_main(int argc, char** argv) {
                                          pixels.begin() + (i + 1) * apps::kMnistSide * apps::kMnistSide));
       }
     }
-    if (!grid.empty()) write_grid(model, data_dir, grid, grid_max);
+    if (!grid.empty()) {
+      stage = "loading the data for --grid and drawing the misclassified digits";
+      oom_hint = "free some memory, or use a machine with more";
+      write_grid(model, data_dir, grid, grid_max);
+    }
     return failed ? 1 : 0;
+  } catch (const std::bad_alloc&) {
+    // The C++ library's own message is just "std::bad_alloc": say what ran out, and when.
+    std::fprintf(stderr, "predict: error: out of host memory while %s; %s\n", stage, oom_hint);
+    return 1;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "predict: error: %s\n", apps::one_line(e.what()).c_str());
     return 1;

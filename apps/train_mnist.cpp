@@ -5,6 +5,7 @@
 //   train_mnist --device gpu --fp16 --batch-size 1024
 //   train_mnist --save run.ckpt --plot run.png   # checkpoint and curves after every epoch
 //   train_mnist --resume run.ckpt --epochs 10    # continue a saved run
+//   train_mnist --save run.ckpt --overwrite      # start afresh over an existing checkpoint
 #include <algorithm>
 #include <atomic>
 #include <cctype>
@@ -12,10 +13,12 @@
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <iterator>
 #include <memory>
+#include <new>
 #include <string>
 #include <utility>
 #include <unistd.h>
@@ -67,9 +70,15 @@ void set_sigint(void (*handler)(int)) {
   sigaction(SIGINT, &sa, nullptr);
 }
 
+// The shortest decimal that reads back as exactly `v` ("0.2", "0.2000001", "1e-08"). Plain
+// %g keeps six digits, which would print 0.2000001 as "0.2" and make a message about two
+// different values show the same number twice.
 std::string gnum(double v) {
   char b[32];
-  std::snprintf(b, sizeof b, "%g", v);
+  for (int digits = 1; digits <= 17; ++digits) {  // 17 digits always round-trip a double
+    std::snprintf(b, sizeof b, "%.*g", digits, v);
+    if (std::strtod(b, nullptr) == v) break;
+  }
   return b;
 }
 
@@ -84,8 +93,18 @@ struct Options {
   std::int64_t epochs = 5, batch_size = 64, seed = 0, threads = 0, gpu = 0, gpu_memory_limit_mb = 0,
                workspace_mb = 64, limit_train = 0;
   double lr = 1e-3, momentum = 0.0, validation_split = 0.2, min_accuracy = 0.0;
-  bool fp16 = false, no_graph = false, dense_grad = false, verbose = false, quiet = false;
+  bool fp16 = false, no_graph = false, dense_grad = false, verbose = false, quiet = false, overwrite = false;
 };
+
+// "NaN" or "infinite", for the messages about a loss that is not a number.
+const char* non_finite_name(double v) { return std::isnan(v) ? "NaN" : "infinite"; }
+
+// A metric as the epoch lines print it: four significant digits ("0.1147", "1.325e+36").
+std::string metric(double v) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%.4g", v);
+  return b;
+}
 
 }  // namespace
 
@@ -125,7 +144,8 @@ static int run_main(int argc, char** argv) {
   flags.add_bool("quiet", &o.quiet, "no progress bar, one line per epoch");
   flags.add_string("save", &o.save,
                    "checkpoint here after every epoch and on Ctrl-C (mid-epoch: saved as not done, --resume reruns "
-                   "that epoch)");
+                   "that epoch); an existing file is refused unless it is the --resume file or --overwrite is given");
+  flags.add_bool("overwrite", &o.overwrite, "let --save replace an existing file that is not the --resume file");
   flags.add_string("resume", &o.resume,
                    "continue the run in this checkpoint up to --epochs (its seed, batch size, precision, optimizer "
                    "and data split; a flag that differs is an error)");
@@ -138,6 +158,9 @@ static int run_main(int argc, char** argv) {
     return 2;
   }
 
+  // What the run is doing, and what to try, for an out-of-host-memory message.
+  std::string stage = "reading the flags and the checkpoint";
+  const char* oom_hint = "free some memory";
   try {
     apps::check_output_path("save", o.save);
     apps::check_output_path("plot", o.plot);
@@ -153,6 +176,34 @@ static int run_main(int argc, char** argv) {
             throw std::invalid_argument(std::string("--") + files[i].first + " " + *files[i].second + " and --" +
                                         files[j].first + " " + *files[j].second +
                                         " name the same file: one would overwrite the other");
+    }
+    // An output on one of the data files would replace it with a checkpoint, a PNG or JSON as
+    // the run goes. The files are only found here, not read; a folder where they cannot be
+    // found is reported when the data are loaded, after the checkpoint and device checks.
+    {
+      data::MnistFiles in;
+      try {
+        in = data::find_mnist_files(o.data_dir);
+      } catch (const data::DataError&) {
+        // no data files: no output can be one of them
+      }
+      const std::pair<const char*, const std::string*> outputs[] = {
+          {"save", &o.save}, {"plot", &o.plot}, {"metrics-json", &o.metrics_json}};
+      for (const auto& [flag, out] : outputs)
+        for (const std::string* file : {&in.train_images, &in.train_labels, &in.test_images, &in.test_labels})
+          if (apps::same_file(*out, *file))
+            throw std::invalid_argument(std::string("--") + flag + " " + *out + " is the data file " + *file +
+                                        ": writing there would destroy the data");
+    }
+    // A fresh run saving over an existing file would replace a trained model with one epoch
+    // of a new run (or less: Ctrl-C saves too). Resuming that file, or --overwrite, says it
+    // is meant. A device (/dev/null) is written in place and holds nothing to lose; a symlink
+    // to a missing file was refused by check_output_path above.
+    if (!o.save.empty() && !o.overwrite && !apps::same_file(o.save, o.resume)) {
+      std::error_code ec;
+      if (std::filesystem::is_regular_file(o.save, ec))
+        throw std::invalid_argument("--save " + o.save + " already exists: pass --resume " + o.save +
+                                    " to continue that run, or --overwrite to replace it");
     }
 #if !MF_WITH_STB
     if (!o.plot.empty())
@@ -235,6 +286,8 @@ static int run_main(int argc, char** argv) {
     if (o.dense_grad) conv_options().cpu_sparse_below = 0.0;
 
     // ---- data ----
+    stage = "loading the data from " + o.data_dir;
+    oom_hint = "free some memory, or use a machine with more";
     const data::Mnist mnist = data::load_mnist(o.data_dir);
     data::Split split = data::split_validation(mnist.train, o.validation_split);
     if (o.limit_train > 0 && o.limit_train < split.train.count)
@@ -242,6 +295,8 @@ static int run_main(int argc, char** argv) {
     if (split.train.count == 0) throw std::invalid_argument("no training images left after the validation split");
 
     // ---- model ----
+    stage = "building the model";
+    oom_hint = "try a smaller --batch-size";
     // The article's model is for small images: its first Dense layer grows with the image's
     // area (4000x4000 images would give it 4 billion weights, 64 GB with Adam's state).
     constexpr std::int64_t kMaxSide = 256;
@@ -343,6 +398,17 @@ static int run_main(int argc, char** argv) {
     cb.on_progress = [&](const Progress& p) { progress.update(p); };
     cb.on_epoch_end = [&](const EpochLog& e) {
       progress.epoch_end(e);
+      // The training loss is checked at every step (fit throws NonFiniteLossError); a model
+      // whose outputs overflow only on the held-out images is as broken. It stops here,
+      // before the save, so the checkpoint keeps the last good epoch.
+      if (split.validation.count > 0 && !std::isfinite(e.val_loss))
+        throw NonFiniteLossError(std::string("the validation loss became ") + non_finite_name(e.val_loss) +
+                                 " at epoch " + std::to_string(e.epoch + 1) + " (training loss " + metric(e.loss) +
+                                 "): the model's outputs overflow" +
+                                 (o.save.empty() ? std::string()
+                                                 : "; epoch " + std::to_string(e.epoch + 1) + " was not saved to " +
+                                                       o.save) +
+                                 "; lower the learning rate (--lr)");
       all_epochs.push_back(e);
       save(e.epoch + 1, false);
       plot();
@@ -352,6 +418,7 @@ static int run_main(int argc, char** argv) {
     set_sigint(on_sigint);
     cb.should_stop = [] { return g_stop.load(); };
 
+    stage = "training";
     const History h = model.fit(split.train, split.validation.count ? &split.validation : nullptr, fo, cb);
     if (h.interrupted) {
       std::printf("\nInterrupted after %d complete epoch(s).\n", h.completed_epochs);
@@ -370,9 +437,16 @@ static int run_main(int argc, char** argv) {
     plot();
     set_sigint(SIG_DFL);
 
+    stage = "evaluating on the test images";
+    oom_hint = "free some memory";
     const EvalResult test = model.evaluate(mnist.test);
     std::printf("Test loss: %.4f - Test accuracy: %.4f (%lld images)\n", test.loss, test.accuracy,
                 static_cast<long long>(test.count));
+    // Not a result: the metrics are not written and the exit status says the run failed.
+    if (!std::isfinite(test.loss))
+      throw NonFiniteLossError(std::string("the test loss is ") + non_finite_name(test.loss) +
+                               " (test accuracy " + metric(test.accuracy) +
+                               "): the model's outputs overflow on the test images");
     if (!o.metrics_json.empty()) {
       apps::RunInfo info{device, o.fp16, o.batch_size, num_threads(), hw, mnist.dir, o.seed};
       History all = h;
@@ -387,6 +461,11 @@ static int run_main(int argc, char** argv) {
       return 3;
     }
     return 0;
+  } catch (const std::bad_alloc&) {
+    // The C++ library's own message is just "std::bad_alloc": say what ran out and what to try.
+    std::fprintf(stderr, "train_mnist: error: out of host memory while %s; %s\n", apps::one_line(stage).c_str(),
+                 oom_hint);
+    return 1;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "train_mnist: error: %s\n", apps::one_line(e.what()).c_str());
     return 1;

@@ -1,10 +1,13 @@
 // mnist.cpp: IDX image/label pairs, finding the MNIST files in a folder, validation splits.
 #include "data/mnist.h"
 
+#include <sys/stat.h>
+
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <stdexcept>
-#include <system_error>
 
 namespace mf::data {
 namespace {
@@ -15,19 +18,49 @@ std::string join_dims(const std::vector<std::int64_t>& dims) {
   return s;
 }
 
-// The first existing file among the usual names for `stem` ("train-images" + "idx3-ubyte").
+// What a path that exists but is not a regular file is, for the error message.
+const char* non_file_kind(mode_t mode) {
+  if (S_ISDIR(mode)) return "a folder";
+  if (S_ISFIFO(mode)) return "a FIFO (named pipe)";
+  if (S_ISSOCK(mode)) return "a socket";
+  if (S_ISCHR(mode) || S_ISBLK(mode)) return "a device";
+  return "not a regular file";
+}
+
+// The first regular file among the usual names for `stem` ("train-images" + "idx3-ubyte").
 // Raw names come before .gz so an unpacked copy next to the archive is preferred (no inflate).
+// A name that exists but is no file (a folder, a FIFO), or that cannot be looked at (no
+// permission on the folder, a symlink loop), is skipped too; when no name gives a file, the
+// error names the first such problem rather than "cannot find", which would send the user
+// looking for a file that is there.
 std::string find_file(const std::filesystem::path& dir, const std::string& stem, const std::string& kind,
                       const std::string& what) {
   const std::string names[] = {stem + "-" + kind, stem + "-" + kind + ".gz", stem + "." + kind,
                                stem + "." + kind + ".gz"};
-  std::string looked;
+  std::string looked, problem_path, problem;
   for (const std::string& name : names) {
-    const std::filesystem::path p = dir / name;
-    std::error_code ec;
-    if (std::filesystem::is_regular_file(p, ec)) return p.string();
+    const std::string p = (dir / name).string();
+    struct stat st {};
+    if (::stat(p.c_str(), &st) == 0) {  // stat follows symlinks: a link to a file is a file
+      if (S_ISREG(st.st_mode)) return p;
+      if (problem.empty()) {
+        problem_path = p;
+        problem = std::string("is ") + non_file_kind(st.st_mode) + ", not a file (wanted the " + what + " file)";
+      }
+    } else if (problem.empty()) {
+      const int err = errno;
+      struct stat lst {};
+      if (err != ENOENT && err != ENOTDIR) {  // anything but "not there": EACCES, ELOOP, EIO, ...
+        problem_path = p;
+        problem = "cannot look at the " + what + " file: " + std::strerror(err);
+      } else if (::lstat(p.c_str(), &lst) == 0 && S_ISLNK(lst.st_mode)) {  // "not there" through a link
+        problem_path = p;
+        problem = "is a symlink to a missing file (wanted the " + what + " file)";
+      }
+    }
     looked += (looked.empty() ? "" : ", ") + name;
   }
+  if (!problem.empty()) throw DataError(problem_path, problem);
   throw DataError(dir.string(), "cannot find the " + what + " file; looked for " + looked);
 }
 
@@ -81,23 +114,36 @@ Dataset load_idx_pair(const std::string& images_path, const std::string& labels_
   return d;
 }
 
-Mnist load_mnist(const std::string& dir) {
-  std::error_code ec;
-  if (!std::filesystem::exists(dir, ec)) throw DataError(dir, "data folder not found");
-  if (!std::filesystem::is_directory(dir, ec)) throw DataError(dir, "not a folder");
+MnistFiles find_mnist_files(const std::string& dir) {
+  struct stat st {};
+  if (::stat(dir.c_str(), &st) != 0) {
+    const int err = errno;
+    // "not found" only when it is not there; a folder above it without permission, say,
+    // gets the system's reason.
+    if (err == ENOENT || err == ENOTDIR) throw DataError(dir, "data folder not found");
+    throw DataError(dir, std::string("cannot look at the data folder: ") + std::strerror(err));
+  }
+  if (!S_ISDIR(st.st_mode)) throw DataError(dir, "not a folder");
   const std::filesystem::path p(dir);
-  const std::string train_images = find_file(p, "train-images", "idx3-ubyte", "training images");
-  const std::string train_labels = find_file(p, "train-labels", "idx1-ubyte", "training labels");
-  const std::string test_images = find_file(p, "t10k-images", "idx3-ubyte", "test images");
-  const std::string test_labels = find_file(p, "t10k-labels", "idx1-ubyte", "test labels");
+  MnistFiles f;
+  f.train_images = find_file(p, "train-images", "idx3-ubyte", "training images");
+  f.train_labels = find_file(p, "train-labels", "idx1-ubyte", "training labels");
+  f.test_images = find_file(p, "t10k-images", "idx3-ubyte", "test images");
+  f.test_labels = find_file(p, "t10k-labels", "idx1-ubyte", "test labels");
+  return f;
+}
+
+Mnist load_mnist(const std::string& dir) {
   Mnist m;
   m.dir = dir;
-  m.train = load_idx_pair(train_images, train_labels);
-  m.test = load_idx_pair(test_images, test_labels);
+  m.files = find_mnist_files(dir);
+  m.train = load_idx_pair(m.files.train_images, m.files.train_labels);
+  m.test = load_idx_pair(m.files.test_images, m.files.test_labels);
   if (m.train.rows != m.test.rows || m.train.cols != m.test.cols) {
-    throw DataError(test_images, "images are " + std::to_string(m.test.rows) + "x" + std::to_string(m.test.cols) +
-                                     " but the training images in " + train_images + " are " +
-                                     std::to_string(m.train.rows) + "x" + std::to_string(m.train.cols));
+    throw DataError(m.files.test_images, "images are " + std::to_string(m.test.rows) + "x" +
+                                             std::to_string(m.test.cols) + " but the training images in " +
+                                             m.files.train_images + " are " + std::to_string(m.train.rows) + "x" +
+                                             std::to_string(m.train.cols));
   }
   return m;
 }

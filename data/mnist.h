@@ -24,17 +24,32 @@ struct Dataset {
 Dataset load_idx_pair(const std::string& images_path, const std::string& labels_path,
                       int num_classes = 10);
 
+// The four files of a dataset, as found in its folder (dir/name, the name being whichever
+// usual spelling was there). train_mnist and predict compare their output paths with these
+// before writing anything, so that a --save, --plot or --grid never overwrites the data.
+struct MnistFiles {
+  std::string train_images, train_labels, test_images, test_labels;
+};
+
 struct Mnist {
   Dataset train, test;
   std::string dir;
+  MnistFiles files;  // the four files read, as find_mnist_files found them
 };
+
+// Finds the four standard files in `dir` (see load_mnist for the names tried) without
+// reading them. Throws DataError as load_mnist does when the folder or a file is missing
+// or a name is there but is no file.
+MnistFiles find_mnist_files(const std::string& dir);
 
 // Loads the four standard files from `dir`. Each may be named in either usual way, optionally
 // gzipped, e.g. train-images-idx3-ubyte, train-images-idx3-ubyte.gz, train-images.idx3-ubyte or
 // train-images.idx3-ubyte.gz (likewise train-labels-idx1-ubyte, t10k-images-idx3-ubyte,
 // t10k-labels-idx1-ubyte). Works for Fashion-MNIST, which uses the same names. Throws
 // DataError "<dir>: data folder not found", or naming the folder and the names it looked for
-// when a file is missing, or if train and test images differ in size.
+// when a file is missing, or naming the path when a name is there but is no file (a folder,
+// a FIFO) or cannot be looked at (with the system's reason, e.g. "Permission denied"), or if
+// train and test images differ in size.
 Mnist load_mnist(const std::string& dir);
 
 // Keras `validation_split`: split_at = int(count * (1 - fraction)); train is samples

@@ -40,9 +40,12 @@ struct RunResult {
   std::string out, err;
 };
 
-RunResult run(const char* bin, const std::string& args, const TempDir& dir) {
+// Runs `bin args` through the shell; `before`, when given, is a shell command run first in
+// the same shell (a ulimit that then applies to the program).
+RunResult run(const char* bin, const std::string& args, const TempDir& dir, const std::string& before = "") {
   const std::string out = dir.file("stdout.txt"), err = dir.file("stderr.txt");
-  const std::string cmd = mf::testing::program_path(bin) + " " + args + " > " + out + " 2> " + err + " < /dev/null";
+  const std::string cmd = (before.empty() ? "" : before + " && ") + mf::testing::program_path(bin) + " " + args +
+                          " > " + out + " 2> " + err + " < /dev/null";
   const int st = std::system(cmd.c_str());
   return {WIFEXITED(st) ? WEXITSTATUS(st) : -1, apps::read_file_bytes(out), apps::read_file_bytes(err)};
 }
@@ -77,6 +80,48 @@ std::string mnist_dir() {
   const char* d = std::getenv("MF_MNIST_DIR");
   return d && *d ? d : apps::default_data_dir();
 }
+
+// The four MNIST files in `dir`, raw, with 20 images each of 28x28.
+void write_tiny_mnist(const TempDir& dir) {
+  const std::vector<std::uint8_t> img(20 * 28 * 28, 7), lab(20, 3);
+  data::write_idx(dir.file("train-images-idx3-ubyte"), {20, 28, 28}, img, false);
+  data::write_idx(dir.file("train-labels-idx1-ubyte"), {20}, lab, false);
+  data::write_idx(dir.file("t10k-images-idx3-ubyte"), {20, 28, 28}, img, false);
+  data::write_idx(dir.file("t10k-labels-idx1-ubyte"), {20}, lab, false);
+}
+
+// MNIST files in `dir` whose training images claim 2,000,000 images (1.5 GB): a sparse file,
+// its size right but taking no disk, so reading it has to allocate the 1.5 GB first. Under a
+// 1 GB address-space limit that allocation fails.
+void write_mnist_too_large_for_1gb(const TempDir& dir) {
+  write_tiny_mnist(dir);
+  const std::uint32_t n = 2000000;
+  const std::string images = dir.file("train-images-idx3-ubyte");
+  {
+    std::ofstream f(images, std::ios::binary | std::ios::trunc);
+    const unsigned char header[16] = {0, 0, 8, 3, static_cast<unsigned char>(n >> 24), static_cast<unsigned char>(n >> 16),
+                                      static_cast<unsigned char>(n >> 8), static_cast<unsigned char>(n), 0, 0, 0, 28,
+                                      0, 0, 0, 28};
+    f.write(reinterpret_cast<const char*>(header), sizeof header);
+  }
+  fs::resize_file(images, 16 + std::uintmax_t{n} * 28 * 28);
+  data::write_idx(dir.file("train-labels-idx1-ubyte"), {n}, std::vector<std::uint8_t>(n, 3), false);
+}
+
+// A 1 GB address-space limit, for the out-of-memory tests. AddressSanitizer reserves far more
+// address space than that for its shadow memory, so a sanitized build cannot run under it.
+#if defined(__SANITIZE_ADDRESS__)
+constexpr bool kCanLimitAddressSpace = false;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+constexpr bool kCanLimitAddressSpace = false;
+#else
+constexpr bool kCanLimitAddressSpace = true;
+#endif
+#else
+constexpr bool kCanLimitAddressSpace = true;
+#endif
+const char kUlimit1Gb[] = "ulimit -v 1000000";
 
 }  // namespace
 
@@ -320,6 +365,167 @@ TEST(TrainMnistCli, OutputsNamingTheSameFileAreRefused) {
   // --save on --resume's file is how a run goes on: refused here only for the bad checkpoint.
   expect_one_line_error("--data /nonexistent/mnist --resume " + ckpt + " --save " + ckpt,
                         "not a microflow checkpoint", kError);
+}
+
+// --save on an existing file that the run does not resume would replace a trained model
+// with a new run's first epoch (or less, on Ctrl-C): refused before the data are read,
+// unless --overwrite says so. Resuming that file is how a run goes on, and is let through.
+TEST(TrainMnistCli, SaveOverAnExistingFileNeedsResumeOrOverwrite) {
+  TempDir dir;
+  const std::string ckpt = dir.file("good.ckpt");
+  std::ofstream(ckpt) << "the checkpoint";
+  fs::create_symlink(ckpt, dir.file("link.ckpt"));
+  const std::string refused = " already exists: pass --resume ";
+  expect_one_line_error("--data /nonexistent/mnist --save " + ckpt,
+                        "--save " + ckpt + refused + ckpt + " to continue that run, or --overwrite to replace it",
+                        kError);
+  // Through a symlink, and while resuming another file (refused before that file is read).
+  expect_one_line_error("--data /nonexistent/mnist --save " + dir.file("link.ckpt"), refused, kError);
+  expect_one_line_error("--data /nonexistent/mnist --resume " + dir.file("other.ckpt") + " --save " + ckpt, refused,
+                        kError);
+  EXPECT_EQ(apps::read_file_bytes(ckpt), "the checkpoint");
+  // A device holds nothing to lose: no --overwrite needed (the run stops at the missing data).
+  expect_one_line_error("--data /nonexistent/mnist --save /dev/null", "/nonexistent/mnist", kError);
+  // --overwrite, or --resume of that very file, passes this check (and stops at what follows).
+  expect_one_line_error("--data /nonexistent/mnist --save " + ckpt + " --overwrite", "/nonexistent/mnist", kError);
+  expect_one_line_error("--data /nonexistent/mnist --resume " + dir.file("link.ckpt") + " --save " + ckpt,
+                        "not a microflow checkpoint", kError);
+
+  // A real run: --overwrite replaces the checkpoint with the new run's.
+  const std::string data = mnist_dir();
+  if (!fs::exists(data)) GTEST_SKIP() << "no MNIST at " << data;
+  const std::string common = "--device cpu --data " + data + " --quiet --limit-train 64 --epochs 1 "
+                             "--validation-split 0.02 --save " + ckpt + " --overwrite";
+  const RunResult r = run(MF_TRAIN_MNIST_BIN, common, dir);
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_EQ(apps::read_checkpoint(ckpt).contents.meta.epoch, 1);
+}
+
+// An output on one of the data files would replace it: refused before any training, whatever
+// the path's spelling, and the file is left as it was.
+TEST(TrainMnistCli, OutputsOnTheDataFilesAreRefused) {
+  TempDir data, other;
+  write_tiny_mnist(data);
+  const std::string labels = data.file("t10k-labels-idx1-ubyte"), images = data.file("train-images-idx3-ubyte");
+  const std::string labels_before = apps::read_file_bytes(labels), images_before = apps::read_file_bytes(images);
+  fs::create_symlink(images, other.file("images-link"));
+  for (const char* flag : {"save", "plot", "metrics-json"}) {
+    SCOPED_TRACE(flag);
+    const std::string f = std::string("--") + flag + " ";
+    expect_one_line_error("--device cpu --data " + data.file("") + " " + f + labels,
+                          f + labels + " is the data file " + labels + ": writing there would destroy the data",
+                          kError);
+    expect_one_line_error("--device cpu --data " + data.file("") + " " + f + other.file("images-link"),
+                          f + other.file("images-link") + " is the data file " + images, kError);
+  }
+  // --overwrite lets --save replace a checkpoint, never the data.
+  expect_one_line_error("--device cpu --data " + data.file("") + " --overwrite --save " + labels,
+                        "--save " + labels + " is the data file " + labels, kError);
+  EXPECT_TRUE(apps::read_file_bytes(labels) == labels_before) << "the labels were overwritten";
+  EXPECT_TRUE(apps::read_file_bytes(images) == images_before) << "the images were overwritten";
+}
+
+// A model whose outputs overflow on held-out images (here: the last layer's weights of a
+// saved run scaled by 1e37; the training loss stays finite, if huge) is an error like a NaN
+// training loss: the epoch is not saved over the checkpoint, and a non-finite test loss is
+// not reported as a result.
+TEST(TrainMnistCli, NonFiniteValidationOrTestLossFailsWithoutSaving) {
+  const std::string data = mnist_dir();
+  if (!fs::exists(data)) GTEST_SKIP() << "no MNIST at " << data;
+  TempDir dir;
+  const std::string ckpt = dir.file("run.ckpt");
+  RunResult r = run(MF_TRAIN_MNIST_BIN,
+                    "--device cpu --data " + data + " --quiet --limit-train 64 --epochs 1 --validation-split 0.02 "
+                    "--save " + ckpt,
+                    dir);
+  ASSERT_EQ(r.status, 0) << r.err;
+  {
+    Rng rng(0);
+    Sequential model = Sequential::mnist_cnn(rng);
+    model.compile(std::make_unique<Adam>());
+    const apps::CheckpointMeta meta = apps::load_checkpoint(ckpt, model, *model.optimizer());
+    Parameter* kernel = model.parameters()[model.parameters().size() - 2];  // dense_1: kernel, then bias
+    ASSERT_EQ(kernel->name, "kernel");
+    float* w = kernel->value.data<float>();
+    for (std::int64_t i = 0; i < kernel->value.numel(); ++i) w[i] *= 1e37f;
+    apps::save_checkpoint(ckpt, model, *model.optimizer(), meta);
+  }
+  const std::string saved = apps::read_file_bytes(ckpt);
+
+  // Epoch 2 trains, then its validation loss overflows: an error, and the checkpoint unchanged.
+  r = run(MF_TRAIN_MNIST_BIN,
+          "--device cpu --data " + data + " --quiet --resume " + ckpt + " --save " + ckpt + " --epochs 2", dir);
+  EXPECT_EQ(r.status, kError);
+  EXPECT_EQ(count_lines(r.err), 1) << r.err;
+  EXPECT_NE(r.err.find("train_mnist: error: the validation loss became "), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("at epoch 2"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("epoch 2 was not saved to " + ckpt), std::string::npos) << r.err;
+  EXPECT_EQ(r.out.find("Test loss"), std::string::npos) << r.out;
+  EXPECT_TRUE(apps::read_file_bytes(ckpt) == saved) << "the checkpoint was rewritten";
+
+  // Nothing left to train: the test loss overflows; an error, and no metrics written.
+  const std::string json = dir.file("m.json");
+  r = run(MF_TRAIN_MNIST_BIN,
+          "--device cpu --data " + data + " --quiet --resume " + ckpt + " --epochs 1 --metrics-json " + json, dir);
+  EXPECT_EQ(r.status, kError);
+  EXPECT_NE(r.err.find("train_mnist: error: the test loss is "), std::string::npos) << r.err;
+  EXPECT_EQ(count_lines(r.err), 2) << "the note that nothing is to train, then the error: " << r.err;
+  EXPECT_FALSE(fs::exists(json));
+  EXPECT_TRUE(apps::read_file_bytes(ckpt) == saved);
+}
+
+// Two numbers that differ must not print alike: %g's six digits showed 0.2000001 as 0.2.
+TEST(TrainMnistCli, ResumeMessagesShowNumbersInFull) {
+  TempDir dir;
+  Rng rng(1);
+  Sequential model = Sequential::mnist_cnn(rng);
+  model.compile(std::make_unique<Adam>());
+  apps::CheckpointMeta m;
+  m.epoch = 1;
+  m.batch_size = 64;
+  m.lr = 1e-3;
+  m.validation_split = 0.2;
+  const std::string path = dir.file("run.ckpt");
+  apps::save_checkpoint(path, model, *model.optimizer(), m);
+  const std::string args = "--device cpu --quiet --epochs 2 --data /nonexistent/mnist --resume " + path;
+  expect_one_line_error(args + " --validation-split 0.2000001",
+                        "--validation-split 0.2000001 differs from the split 0.2 the run was saved with", kError);
+  // The same split in another spelling is the same number: accepted.
+  expect_one_line_error(args + " --validation-split 2e-1", "/nonexistent/mnist", kError);
+  m.validation_split = 1.0000001;
+  apps::save_checkpoint(path, model, *model.optimizer(), m);
+  expect_one_line_error(args, "saved validation_split=1.0000001 is out of range", kError);
+  m.validation_split = 0.2;
+  m.lr = 10.000001;
+  apps::save_checkpoint(path, model, *model.optimizer(), m);
+  expect_one_line_error(args, "saved lr=10.000001 is out of range", kError);
+}
+
+// Running out of host memory names what was being done and what to try, in one line, instead
+// of the C++ library's bare "std::bad_alloc". Here the training images need 1.5 GB of a 1 GB
+// address space.
+TEST(TrainMnistCli, OutOfHostMemoryIsOneLineSayingWhatToTry) {
+  if (!kCanLimitAddressSpace) GTEST_SKIP() << "AddressSanitizer cannot run under a 1 GB address-space limit";
+  TempDir data, dir;
+  write_mnist_too_large_for_1gb(data);
+  const RunResult r = run(MF_TRAIN_MNIST_BIN, "--device cpu --threads 1 --data " + data.file(""), dir, kUlimit1Gb);
+  EXPECT_EQ(r.status, kError);
+  EXPECT_EQ(r.err, "train_mnist: error: out of host memory while loading the data from " + data.file("") +
+                       "; free some memory, or use a machine with more\n");
+#if MF_WITH_STB && defined(MF_PREDICT_BIN)
+  // predict --grid reads the same data.
+  Rng rng(1);
+  Sequential model = Sequential::mnist_cnn(rng);
+  apps::save_checkpoint(dir.file("m.ckpt"), model, nullptr, {});
+  const RunResult p = run(MF_PREDICT_BIN,
+                          "--model " + dir.file("m.ckpt") + " --data " + data.file("") + " --grid " +
+                              dir.file("grid.png"),
+                          dir, kUlimit1Gb);
+  EXPECT_EQ(p.status, kError);
+  EXPECT_EQ(p.err, "predict: error: out of host memory while loading the data for --grid and drawing the "
+                   "misclassified digits; free some memory, or use a machine with more\n");
+  EXPECT_FALSE(fs::exists(dir.file("grid.png")));
+#endif
 }
 
 // Results printed to a full disk or a closed pipe are lost: that is an error, not exit 0.

@@ -1,9 +1,12 @@
 // test_data.cpp: IDX reading/writing and its errors, MNIST loading, Keras splits, shuffles, batches.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #include <zlib.h>
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -531,6 +534,71 @@ TEST_F(MnistFolder, BadFileInsideIsNamed) {
   write_mnist("-", false);
   const std::string bad = put("train-labels-idx1-ubyte", {0, 0, 8});
   EXPECT_TRUE(throws_data_error([&] { mf::data::load_mnist(dir_); }, bad, {"truncated header"}));
+}
+
+// The loader says which files it read (the apps keep their outputs off them): the raw
+// name where there is one, else the .gz, each as dir/name.
+TEST_F(MnistFolder, RecordsTheFilesItRead) {
+  write_mnist("-", true);
+  mf::data::write_idx(path("t10k-labels-idx1-ubyte"), {20}, synthetic_labels(20), false);
+  const mf::data::Mnist m = mf::data::load_mnist(dir_);
+  EXPECT_EQ(m.files.train_images, path("train-images-idx3-ubyte.gz"));
+  EXPECT_EQ(m.files.train_labels, path("train-labels-idx1-ubyte.gz"));
+  EXPECT_EQ(m.files.test_images, path("t10k-images-idx3-ubyte.gz"));
+  EXPECT_EQ(m.files.test_labels, path("t10k-labels-idx1-ubyte"));
+  const mf::data::MnistFiles found = mf::data::find_mnist_files(dir_);
+  EXPECT_EQ(found.train_images, m.files.train_images);
+  EXPECT_EQ(found.test_labels, m.files.test_labels);
+}
+
+// A name that is there but is no file is said to be so: "cannot find" would send the user
+// looking for a file that is in plain sight.
+TEST_F(MnistFolder, FolderOrPipeUnderAFileNameIsNamed) {
+  write_mnist("-", false);
+  fs::remove(path("train-images-idx3-ubyte"));
+  fs::create_directory(path("train-images-idx3-ubyte"));
+  EXPECT_TRUE(throws_data_error([&] { mf::data::load_mnist(dir_); }, path("train-images-idx3-ubyte"),
+                                {"is a folder, not a file", "training images"}));
+  fs::remove(path("train-images-idx3-ubyte"));
+  ASSERT_EQ(mkfifo(path("train-images-idx3-ubyte").c_str(), 0600), 0) << std::strerror(errno);
+  EXPECT_TRUE(throws_data_error([&] { mf::data::load_mnist(dir_); }, path("train-images-idx3-ubyte"),
+                                {"is a FIFO (named pipe), not a file", "training images"}));
+  // A file under one of the other usual names is still found (and the FIFO never opened).
+  fs::remove(path("train-images-idx3-ubyte"));
+  fs::create_directory(path("train-images-idx3-ubyte"));
+  mf::data::write_idx(path("train-images-idx3-ubyte.gz"), {50, 28, 28}, synthetic_images(50, 28, 28), true);
+  const mf::data::Mnist m = mf::data::load_mnist(dir_);
+  EXPECT_EQ(m.files.train_images, path("train-images-idx3-ubyte.gz"));
+  expect_synthetic_mnist(m);
+}
+
+// A name that cannot be looked at gives the system's reason, and a symlink to nothing says so.
+TEST_F(MnistFolder, UnreadableNameGivesTheSystemsReason) {
+  write_mnist("-", false);
+  fs::remove(path("train-labels-idx1-ubyte"));
+  fs::create_symlink(path("train-labels-idx1-ubyte"), path("train-labels-idx1-ubyte"));  // a loop
+  EXPECT_TRUE(throws_data_error([&] { mf::data::load_mnist(dir_); }, path("train-labels-idx1-ubyte"),
+                                {"cannot look at the training labels file", std::strerror(ELOOP)}));
+  fs::remove(path("train-labels-idx1-ubyte"));
+  fs::create_symlink(path("gone"), path("train-labels-idx1-ubyte"));
+  EXPECT_TRUE(throws_data_error([&] { mf::data::load_mnist(dir_); }, path("train-labels-idx1-ubyte"),
+                                {"is a symlink to a missing file", "training labels"}));
+}
+
+TEST_F(MnistFolder, FolderWithoutPermissionGivesTheSystemsReason) {
+  // root reads and searches every folder whatever its mode bits, so no error would come.
+  if (geteuid() == 0) GTEST_SKIP() << "running as root, which permissions do not stop";
+  write_mnist("-", false);
+  fs::create_directory(path("inner"));
+  fs::permissions(dir_, fs::perms::none);
+  const bool files = throws_data_error([&] { mf::data::load_mnist(dir_); }, path("train-images-idx3-ubyte"),
+                                       {"cannot look at the training images file", std::strerror(EACCES)});
+  // A data folder inside it is there, just out of reach: not "not found".
+  const bool folder = throws_data_error([&] { mf::data::load_mnist(path("inner")); }, path("inner"),
+                                        {"cannot look at the data folder", std::strerror(EACCES)});
+  fs::permissions(dir_, fs::perms::owner_all);  // so that TearDown can remove it
+  EXPECT_TRUE(files);
+  EXPECT_TRUE(folder);
 }
 
 TEST_F(MnistFolder, TrainAndTestSizesMustAgree) {

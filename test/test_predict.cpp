@@ -20,6 +20,7 @@
 #if MF_WITH_STB
 #include "apps/image.h"
 #include "apps/plot.h"
+#include "data/idx.h"
 #include "data/mnist.h"
 #include <stb_image_write.h>
 #include "layers/sequential.h"
@@ -439,6 +440,51 @@ TEST(PredictTool, GridPathThatIsAFolderIsRefusedUpFront) {
     EXPECT_NE(r.err.find("a folder, not a file"), std::string::npos) << r.err;
     EXPECT_TRUE(r.out.empty()) << "nothing was classified: " << r.out;
   }
+}
+
+// The grid PNG is written last, over whatever --grid names: the checkpoint, an image being
+// classified or a data file would be lost. A usage error (status 2), before anything is read,
+// whatever the spelling, and every file left as it was.
+TEST(PredictTool, GridOnTheCheckpointAnImageOrTheDataIsRefused) {
+  TempDir dir, data;
+  untrained_checkpoint_and_a_one(dir);
+  const std::vector<std::uint8_t> img(20 * 28 * 28, 7), lab(20, 3);
+  data::write_idx(data.file("train-images-idx3-ubyte"), {20, 28, 28}, img, false);
+  data::write_idx(data.file("train-labels-idx1-ubyte"), {20}, lab, false);
+  data::write_idx(data.file("t10k-images-idx3-ubyte"), {20, 28, 28}, img, false);
+  data::write_idx(data.file("t10k-labels-idx1-ubyte"), {20}, lab, false);
+  fs::create_symlink(dir.file("m.ckpt"), dir.file("link.ckpt"));
+  const std::string ckpt = apps::read_file_bytes(dir.file("m.ckpt")), png = apps::read_file_bytes(dir.file("one.png"));
+  const std::string labels = apps::read_file_bytes(data.file("t10k-labels-idx1-ubyte"));
+  const std::string model = "--model " + dir.file("m.ckpt") + " --data " + data.file("") + " ";
+  struct Case {
+    std::string args, expect;
+  };
+  for (const Case& c : std::vector<Case>{
+           {"--grid " + dir.file("m.ckpt"), "--grid " + dir.file("m.ckpt") + " and --model " + dir.file("m.ckpt") +
+                                                " name the same file: the grid would overwrite the checkpoint"},
+           {"--grid " + dir.file("link.ckpt"), "the grid would overwrite the checkpoint"},
+           {"--grid " + dir.file("one.png") + " " + dir.file("one.png"),
+            "--grid " + dir.file("one.png") + " and the image " + dir.file("one.png") +
+                " name the same file: the grid would overwrite the image"},
+           {"--grid " + data.file("t10k-labels-idx1-ubyte"),
+            "--grid " + data.file("t10k-labels-idx1-ubyte") + " is the data file " +
+                data.file("t10k-labels-idx1-ubyte") + ": writing there would destroy the data"}}) {
+    SCOPED_TRACE(c.args);
+    const RunResult r = run(model + c.args, dir.file(""));
+    EXPECT_EQ(r.status, 2);
+    EXPECT_EQ(lines(r.err), 1) << r.err;
+    EXPECT_EQ(r.err.rfind("predict: error: --grid ", 0), 0u) << r.err;
+    EXPECT_NE(r.err.find(c.expect), std::string::npos) << r.err;
+    EXPECT_TRUE(r.out.empty()) << "nothing was classified: " << r.out;
+  }
+  EXPECT_TRUE(apps::read_file_bytes(dir.file("m.ckpt")) == ckpt) << "the checkpoint was overwritten";
+  EXPECT_TRUE(apps::read_file_bytes(dir.file("one.png")) == png) << "the image was overwritten";
+  EXPECT_TRUE(apps::read_file_bytes(data.file("t10k-labels-idx1-ubyte")) == labels) << "the data were overwritten";
+  // A new file beside them is fine: the grid of the 20 synthetic test digits.
+  const RunResult r = run(model + "--grid " + dir.file("grid.png"), dir.file(""));
+  EXPECT_EQ(r.status, 0) << r.err;
+  EXPECT_TRUE(fs::exists(dir.file("grid.png")));
 }
 
 TEST(PredictTool, ATrainedModelReadsDrawnDigits) {
