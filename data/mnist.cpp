@@ -67,9 +67,14 @@ std::string find_file(const std::filesystem::path& dir, const std::string& stem,
 }  // namespace
 
 void check_dataset(const Dataset& d, const char* caller) {
-  const bool ok = d.count >= 0 && d.rows >= 0 && d.cols >= 0 &&
-                  d.labels.size() == static_cast<std::size_t>(d.count) &&
-                  d.images.size() == static_cast<std::size_t>(d.count * d.rows * d.cols);
+  // count * rows * cols in 64 bits, checked: a hand-made count of 10^17 would otherwise
+  // wrap around and could match the bytes that are there.
+  std::int64_t pixels = 0;
+  const bool sizes_ok = d.count >= 0 && d.rows >= 0 && d.cols >= 0 &&
+                        !__builtin_mul_overflow(d.count, d.rows, &pixels) &&
+                        !__builtin_mul_overflow(pixels, d.cols, &pixels);
+  const bool ok = sizes_ok && d.labels.size() == static_cast<std::size_t>(d.count) &&
+                  d.images.size() == static_cast<std::size_t>(pixels);
   if (!ok) {
     throw std::invalid_argument(std::string(caller) + ": inconsistent Dataset: count " + std::to_string(d.count) +
                                 ", " + std::to_string(d.rows) + "x" + std::to_string(d.cols) + ", " +

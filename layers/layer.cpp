@@ -60,6 +60,13 @@ const Tensor& Layer::forward(const Tensor& x) {
   if (x.dtype() != want)
     throw std::invalid_argument(type() + ": input is " + dtype_name(x.dtype()) + ", this layer computes in " +
                                 dtype_name(want));
+  // The output buffer y_ is resized and overwritten below, so an input living in it (the
+  // tensor the last forward returned, or a slice of it) would be read while it is being
+  // written, or after it is gone: a wrong result with no error. A view layer (Flatten)
+  // writes no buffer of its own, so its output may come back in.
+  if (!output_is_view() && y_.shares_storage(x))
+    throw std::invalid_argument(type() + ": the input is this layer's own output buffer, which this forward would "
+                                         "overwrite; pass a copy (clone())");
   const Shape out = output_shape(x.shape());
   if (device_ == Device::kGpu) check_gpu_batch(x.shape());
   if (!output_is_view()) ensure(y_, out, x.dtype(), x.device());

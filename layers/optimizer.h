@@ -25,6 +25,7 @@ class Optimizer {
   virtual void step() = 0;
 
   virtual float learning_rate() const = 0;
+  // Throws std::invalid_argument unless lr is finite and > 0.
   virtual void set_learning_rate(float lr) = 0;
 
   // Number of updates applied (reads the device counter: synchronises on the GPU).

@@ -64,6 +64,7 @@ Sequential Sequential::mnist_cnn(Rng& rng, std::int64_t height, std::int64_t wid
 }
 
 Layer& Sequential::add(std::unique_ptr<Layer> layer) {
+  if (!layer) throw std::invalid_argument("Sequential::add: the layer is null");
   if (optimizer_) throw std::logic_error("Sequential::add after compile()");
   layer->to(device_);
   if (compute_dtype_ != DType::kF32) layer->set_compute_dtype(compute_dtype_);
@@ -199,8 +200,14 @@ void Sequential::set_training(bool training) {
 }
 
 void Sequential::compile(std::unique_ptr<Optimizer> optimizer) {
+  if (!optimizer) throw std::invalid_argument("Sequential::compile: the optimizer is null");
+  if (fitting_)
+    throw std::logic_error("Sequential::compile during fit (from a callback): the running fit uses the optimizer");
+  // Attach first: when it throws (a model with no parameters, say), the model must stay
+  // uncompiled, with its previous optimizer if it had one, rather than hold an optimizer
+  // that has no parameters to update.
+  optimizer->attach(parameters());
   optimizer_ = std::move(optimizer);
-  optimizer_->attach(parameters());
 }
 
 const Tensor& Sequential::forward(const Tensor& x) {
@@ -228,6 +235,13 @@ void Sequential::backward(const Tensor& dlogits) {
 History Sequential::fit(const data::Dataset& train, const data::Dataset* validation, const FitOptions& options,
                         const FitCallbacks& callbacks) {
   if (!optimizer_) throw std::logic_error("Sequential::fit before compile()");
+  if (fitting_) throw std::logic_error("Sequential::fit during fit (from a callback): one fit at a time");
+  // Both datasets consistent (count, image bytes and labels agree) before anything is sized
+  // from their counts or trained: a count with no data behind it would otherwise size an
+  // epoch's permutation (2^31 indices for a count of 2^31 - 1) before the first batch found
+  // the data missing, and a bad validation set would only be found after a whole epoch.
+  data::check_dataset(train, "fit: training set");
+  if (validation) data::check_dataset(*validation, "fit: validation set");
   if (options.batch_size < 1) throw std::invalid_argument("batch size must be at least 1");
   if (options.epochs < 0 || options.initial_epoch < 0) throw std::invalid_argument("epochs must be >= 0");
   if (train.count < 1) throw std::invalid_argument("fit: the training set is empty");
@@ -244,10 +258,8 @@ History Sequential::fit(const data::Dataset& train, const data::Dataset* validat
   const std::int64_t classes = out[out.rank() - 1];
   for (const data::Dataset* d : {&train, validation}) {
     if (!d) continue;
-    const auto end = d->labels.begin() + static_cast<std::ptrdiff_t>(
-                                            std::min<std::size_t>(d->labels.size(), static_cast<std::size_t>(d->count)));
-    const auto top = std::max_element(d->labels.begin(), end);
-    if (top != end && *top >= classes)
+    const auto top = std::max_element(d->labels.begin(), d->labels.end());  // count labels (checked above)
+    if (top != d->labels.end() && *top >= classes)
       throw std::invalid_argument(std::string("fit: ") + (d == &train ? "training" : "validation") + " label " +
                                   std::to_string(*top) + " at index " + std::to_string(top - d->labels.begin()) +
                                   " is not one of the model's " + std::to_string(classes) + " classes");
@@ -256,6 +268,12 @@ History Sequential::fit(const data::Dataset& train, const data::Dataset* validat
   // sized for what a step can hold, not for the number asked.
   FitOptions o = options;
   o.batch_size = std::min(options.batch_size, train.count);
+  // fitting_ is true for the fit's duration, and false again however it ends.
+  struct Fitting {
+    bool& flag;
+    explicit Fitting(bool& f) : flag(f) { flag = true; }
+    ~Fitting() { flag = false; }
+  } fitting(fitting_);
   return device_ == Device::kGpu ? fit_gpu(train, validation, o, callbacks) : fit_cpu(train, validation, o, callbacks);
 }
 
@@ -343,6 +361,7 @@ bool Sequential::finish_epoch(EpochLog& log, bool complete, History& history, co
 }
 
 EvalResult Sequential::evaluate(const data::Dataset& d, std::int64_t batch_size) {
+  data::check_dataset(d, "evaluate");  // a negative count or missing data is an error, not a zero result
   if (batch_size < 1) throw std::invalid_argument("evaluate: batch size must be at least 1");
   if (Shape{d.rows, d.cols, 1} != input_shape_)
     throw std::invalid_argument("evaluate: images are " + std::to_string(d.rows) + "x" + std::to_string(d.cols) +
@@ -371,17 +390,71 @@ EvalResult Sequential::evaluate(const data::Dataset& d, std::int64_t batch_size)
   return r;
 }
 
+namespace {
+
+// "(N, 28, 28, 1)": the shape of a batch of `sample`-shaped inputs, N standing for the batch.
+std::string batch_shape_str(const Shape& sample) {
+  std::string s = "(N";
+  for (std::int64_t d : sample.dims()) s += ", " + std::to_string(d);
+  return s + ")";
+}
+
+// Throws std::invalid_argument naming the image and the position (as coordinates within
+// the image) of the first NaN or infinite value of x, a host f32 batch. One pass over the
+// data. Without this a NaN pixel gives plausible probabilities: ReLU (max(0, x)) turns
+// NaN into 0 on the way through the network.
+void check_finite_images(const Tensor& x) {
+  const float* p = x.data<float>();
+  const std::int64_t n = x.numel();
+  std::int64_t i = 0;
+  while (i < n && std::isfinite(p[i])) ++i;
+  if (i == n) return;
+  // Image i / per_image; its element i % per_image as coordinates within the image.
+  const Shape image(std::vector<std::int64_t>(x.shape().dims().begin() + 1, x.shape().dims().end()));
+  const std::int64_t per_image = image.numel();  // > 0: x has an element
+  std::vector<std::int64_t> at(static_cast<std::size_t>(image.rank()));
+  std::int64_t rest = i % per_image;
+  for (int d = image.rank() - 1; d >= 0; --d) {  // row-major: the last dimension varies fastest
+    at[static_cast<std::size_t>(d)] = rest % image[d];
+    rest /= image[d];
+  }
+  const std::string value = std::isnan(p[i]) ? "NaN" : (p[i] > 0 ? "inf" : "-inf");
+  throw std::invalid_argument("predict: image " + std::to_string(i / per_image) + " holds " + value + " at " +
+                              Shape(at).str() + " of its " + image.str() + ": pixels must be finite numbers");
+}
+
+}  // namespace
+
 Tensor Sequential::predict(const Tensor& x, std::int64_t batch_size) {
-  if (x.rank() != 4 || Shape{x.dim(1), x.dim(2), x.dim(3)} != input_shape_)
-    throw std::invalid_argument("predict: expected images of shape (N, " + std::to_string(input_shape_[0]) + ", " +
-                                std::to_string(input_shape_[1]) + ", " + std::to_string(input_shape_[2]) + "), got " +
-                                x.shape().str());
+  if (layers_.empty()) throw std::logic_error("Sequential::predict of an empty model");
+  if (input_shape_.rank() == 0)
+    throw std::logic_error("Sequential::predict: the model has no input shape; call set_input_shape() first");
+  // A batch of samples: one dimension more than the model's sample shape, the others equal.
+  const std::vector<std::int64_t>& want = input_shape_.dims();
+  const bool shape_ok = x.defined() && x.rank() == input_shape_.rank() + 1 &&
+                        std::equal(want.begin(), want.end(), x.shape().dims().begin() + 1);
+  if (!shape_ok)
+    throw std::invalid_argument("predict: expected images of shape " + batch_shape_str(input_shape_) +
+                                " (the model's input shape " + input_shape_.str() + " with a batch dimension), got " +
+                                x.describe());
+  if (x.dtype() != DType::kF32)
+    throw std::invalid_argument("predict: expected f32 pixels, got " + x.describe());
   if (batch_size < 1) throw std::invalid_argument("predict: batch size must be at least 1");
-  const Tensor xh = x.is_cpu() ? x : x.to(Device::kCpu);
-  InferenceMode inference(*this);
-  std::vector<float> out;
-  const std::int64_t classes = output_shape(0)[1];
   const std::int64_t bs = device_ == Device::kGpu ? gpu_inference_batch(batch_size) : batch_size;
+  // A model the GPU cannot run even one image through: the layer's own error (the one its
+  // forward() would give), before the output is looked at or anything is copied.
+  if (device_ == Device::kGpu) check_gpu_batch(bs);
+  // Probabilities need one row of class scores per image: (N, classes) logits.
+  const Shape out = output_shape(x.dim(0));
+  if (out.rank() != 2)
+    throw std::invalid_argument("predict: the model's output for these images is " + out.str() +
+                                ", not (N, classes): predict gives class probabilities and needs the last layer "
+                                "to output one row of class scores per image (a Flatten then a Dense layer)");
+  const Tensor xh = x.is_cpu() ? x : x.to(Device::kCpu);
+  check_finite_images(xh);  // on the host copy, before any upload
+  InferenceMode inference(*this);
+  std::vector<float> probs;
+  const std::int64_t classes = out[1];
   for (std::int64_t b0 = 0; b0 < xh.dim(0); b0 += bs) {
     Tensor xb = xh.slice(b0, std::min(xh.dim(0), b0 + bs));
     if (device_ == Device::kGpu) {
@@ -390,9 +463,9 @@ Tensor Sequential::predict(const Tensor& x, std::int64_t batch_size) {
     }
     const Tensor p = softmax(forward(xb));
     const std::vector<float> v = p.to_vector();
-    out.insert(out.end(), v.begin(), v.end());
+    probs.insert(probs.end(), v.begin(), v.end());
   }
-  return Tensor::from_vector(Shape{xh.dim(0), classes}, out);
+  return Tensor::from_vector(Shape{xh.dim(0), classes}, probs);
 }
 
 }  // namespace mf

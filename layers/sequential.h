@@ -133,7 +133,9 @@ class Sequential {
               const FitCallbacks& callbacks = {});
   EvalResult evaluate(const data::Dataset& d, std::int64_t batch_size = 1000);
   // Class probabilities (N, classes), f32 on the host, for images given as f32 pixels in
-  // [0, 1], (N, H, W, C) on the host.
+  // [0, 1], (N, H, W, C) on the host. Throws std::invalid_argument when x is not a batch of
+  // the input shape, not f32, or holds a NaN or infinite value (naming the image and where
+  // in it), or when the model's output is not (N, classes).
   Tensor predict(const Tensor& x, std::int64_t batch_size = 1000);
 
   // One line on how the last GPU fit ran its steps (pipeline, CUDA graph and its node
@@ -171,22 +173,36 @@ class Sequential {
   Device device_ = Device::kCpu;
   DType compute_dtype_ = DType::kF32;
   std::unique_ptr<Optimizer> optimizer_;
+  // True while fit() runs: a callback may predict or evaluate, but not compile (the running
+  // fit holds the optimizer, and on the GPU its buffers) or start another fit.
+  bool fitting_ = false;
   // Deleted through the function sequential_gpu.cu sets with the trainer: sequential.cpp,
   // which defines Sequential's destructor and moves, only sees GpuTrainer declared.
   std::unique_ptr<GpuTrainer, void (*)(GpuTrainer*)> gpu_{nullptr, nullptr};
 };
 
-// Inference mode (layers keep nothing for a backward pass) for its lifetime; training mode
-// again when it ends, also by an exception.
+// Inference mode (layers keep nothing for a backward pass) for its lifetime; when it ends,
+// also by an exception, each layer gets back the mode it had before. So a predict() or
+// evaluate() (which use one) inside a caller's own InferenceMode, or after
+// set_training(false), leaves the model in inference mode, and training mode stays
+// training mode.
 class InferenceMode {
  public:
-  explicit InferenceMode(Sequential& m) : m_(m) { m_.set_training(false); }
-  ~InferenceMode() { m_.set_training(true); }
+  explicit InferenceMode(Sequential& m) : m_(m) {
+    for (const auto& l : m_.layers()) was_training_.push_back(l->training());
+    m_.set_training(false);
+  }
+  ~InferenceMode() {
+    const auto& layers = m_.layers();
+    for (std::size_t i = 0; i < layers.size() && i < was_training_.size(); ++i)
+      layers[i]->set_training(was_training_[i]);
+  }
   InferenceMode(const InferenceMode&) = delete;
   InferenceMode& operator=(const InferenceMode&) = delete;
 
  private:
   Sequential& m_;
+  std::vector<bool> was_training_;  // per layer, in order
 };
 
 #if !MF_WITH_CUDA

@@ -72,12 +72,16 @@ void softmax_xent(const Tensor& logits, const Tensor& labels, Tensor& stats, Ten
 }
 
 Tensor softmax(const Tensor& logits) {
+  // (N, K) only: the loops below fill N * K values, so any other rank would leave entries
+  // unwritten (rank 3) or read dimensions that are not there (rank 0 or 1).
+  if (logits.rank() != 2 || (logits.dtype() != DType::kF32 && logits.dtype() != DType::kF16))
+    throw std::invalid_argument("softmax: expected f32 or f16 logits of shape (N, classes), got " + logits.describe());
   const Tensor z = logits.is_cpu() && logits.dtype() == DType::kF32 ? logits : logits.to(Device::kCpu).to(DType::kF32);
   const std::int64_t n = z.dim(0), k = z.dim(1);
   Tensor p = Tensor::empty(z.shape());
   const float* zp = z.data<float>();
   float* pp = p.data<float>();
-  for (std::int64_t i = 0; i < n; ++i) {
+  for (std::int64_t i = 0; i < n && k > 0; ++i) {  // no classes: an empty (N, 0) result
     float m = zp[i * k];
     for (std::int64_t j = 1; j < k; ++j) m = std::max(m, zp[i * k + j]);
     double sum = 0.0;

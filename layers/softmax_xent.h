@@ -19,7 +19,8 @@ constexpr int kStatLossSum = 0, kStatCorrect = 1, kStatCount = 2, kNumStats = 3;
 void softmax_xent(const Tensor& logits, const Tensor& labels, Tensor& stats, Tensor* dlogits,
                   float grad_scale = 1.0f, const float* scale = nullptr);
 
-// Row-wise softmax of (N, K) logits into a new f32 host tensor.
+// Row-wise softmax of (N, K) logits (f32, or f16 from the GPU's FP16 path, on either
+// device) into a new f32 host tensor. Throws std::invalid_argument for any other rank or dtype.
 Tensor softmax(const Tensor& logits);
 
 }  // namespace mf

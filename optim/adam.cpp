@@ -8,14 +8,21 @@
 #include <stdexcept>
 
 #include "kernels/launchers.h"
+#include "optim/hyperparams.h"
 #include "tensor/parallel.h"
 
 namespace mf {
 
 Adam::Adam(const AdamConfig& config, const LossScalerConfig& scaler) : config_(config), scaler_config_(scaler) {
-  if (!(config.lr > 0) || !(config.beta1 >= 0 && config.beta1 < 1) || !(config.beta2 >= 0 && config.beta2 < 1) ||
-      !(config.eps > 0))
-    throw std::invalid_argument("Adam: need lr > 0, 0 <= beta1, beta2 < 1, eps > 0");
+  check_finite_positive("Adam", "learning rate", config.lr);
+  check_finite_positive("Adam", "epsilon", config.eps);
+  if (!(config.beta1 >= 0 && config.beta1 < 1) || !(config.beta2 >= 0 && config.beta2 < 1))
+    throw std::invalid_argument("Adam: need 0 <= beta1, beta2 < 1");
+}
+
+void Adam::set_learning_rate(float lr) {
+  check_finite_positive("Adam", "learning rate", lr);
+  config_.lr = lr;
 }
 
 std::string Adam::describe() const {

@@ -14,6 +14,7 @@ struct AdamConfig {
 
 class Adam final : public Optimizer {
  public:
+  // Throws std::invalid_argument unless lr and eps are finite and > 0 and 0 <= beta1, beta2 < 1.
   explicit Adam(const AdamConfig& config = {}, const LossScalerConfig& scaler = {});
   std::string name() const override { return "Adam"; }
   std::string describe() const override;
@@ -27,7 +28,8 @@ class Adam final : public Optimizer {
   void step() override;
 
   float learning_rate() const override { return config_.lr; }
-  void set_learning_rate(float lr) override { config_.lr = lr; }
+  // Throws std::invalid_argument unless lr is finite and > 0 (the constructor's check).
+  void set_learning_rate(float lr) override;
   std::int64_t iterations() const override;
   const float* device_loss_scale() const override;
   double loss_scale() const override;

@@ -5,12 +5,18 @@
 #include <stdexcept>
 
 #include "kernels/launchers.h"
+#include "optim/hyperparams.h"
 
 namespace mf {
 
 SGD::SGD(float lr, float momentum) : lr_(lr), momentum_(momentum) {
-  if (!(lr > 0) || !(momentum >= 0 && momentum < 1))
-    throw std::invalid_argument("SGD: need lr > 0 and 0 <= momentum < 1");
+  check_finite_positive("SGD", "learning rate", lr);
+  if (!(momentum >= 0 && momentum < 1)) throw std::invalid_argument("SGD: need 0 <= momentum < 1");
+}
+
+void SGD::set_learning_rate(float lr) {
+  check_finite_positive("SGD", "learning rate", lr);
+  lr_ = lr;
 }
 
 std::string SGD::describe() const {
@@ -20,8 +26,11 @@ std::string SGD::describe() const {
 }
 
 void SGD::attach(const std::vector<Parameter*>& params) {
+  // Refused before packing: packing points the parameters at this optimizer's buffers, which
+  // would leave a model's earlier optimizer updating buffers the model no longer reads.
+  for (const Parameter* p : params)
+    if (p->half.defined()) throw std::invalid_argument("SGD: mixed precision training uses Adam");
   pack_ = std::make_unique<ParamPack>(params);
-  if (pack_->mixed()) throw std::invalid_argument("SGD: mixed precision training uses Adam");
   velocity_ = Tensor::zeros(Shape{pack_->total()}, DType::kF32, pack_->device());
   step_ = Tensor::zeros(Shape{1}, DType::kI32, pack_->device());
 }

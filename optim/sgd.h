@@ -9,6 +9,7 @@ namespace mf {
 
 class SGD final : public Optimizer {
  public:
+  // Throws std::invalid_argument unless lr is finite and > 0 and 0 <= momentum < 1.
   explicit SGD(float lr = 0.01f, float momentum = 0.0f);
   std::string name() const override { return "SGD"; }
   std::string describe() const override;
@@ -16,7 +17,8 @@ class SGD final : public Optimizer {
   // velocity = momentum * velocity - lr * g;  w += velocity   (momentum 0: w -= lr * g)
   void step() override;
   float learning_rate() const override { return lr_; }
-  void set_learning_rate(float lr) override { lr_ = lr; }
+  // Throws std::invalid_argument unless lr is finite and > 0 (the constructor's check).
+  void set_learning_rate(float lr) override;
   std::int64_t iterations() const override;
   std::vector<std::pair<std::string, Tensor>> state() override;
 

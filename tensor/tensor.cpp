@@ -120,7 +120,18 @@ Tensor Tensor::to(Device device) const {
   return t;
 }
 
+namespace {
+// An undefined tensor has shape () and so counts one element, like a scalar: without this
+// check it would pass the shape comparison and be copied through its null pointer.
+void check_defined_for_copy(const char* caller, const Tensor& dst, const Tensor& src) {
+  if (!dst.defined() || !src.defined())
+    throw std::invalid_argument(std::string(caller) + ": " + src.describe() + " into " + dst.describe() +
+                                ": both tensors must be defined (allocated)");
+}
+}  // namespace
+
 void Tensor::copy_from(const Tensor& src) {
+  check_defined_for_copy("copy_from", *this, src);
   if (src.shape_ != shape_ || src.dtype_ != dtype_)
     throw std::invalid_argument("copy_from: " + src.describe() + " into " + describe());
   if (nbytes() == 0) return;
@@ -134,6 +145,7 @@ void Tensor::copy_from(const Tensor& src) {
 }
 
 void Tensor::copy_from_async(const Tensor& src, GpuStream stream) {
+  check_defined_for_copy("copy_from_async", *this, src);
   if (src.shape_ != shape_ || src.dtype_ != dtype_)
     throw std::invalid_argument("copy_from_async: " + src.describe() + " into " + describe());
   if (is_cpu() && src.is_cpu()) {

@@ -106,6 +106,9 @@ class Tensor {
   std::vector<float> to_vector() const;
   // True when both are views of the same storage and offset (same buffer).
   bool same_buffer(const Tensor& o) const { return storage_ == o.storage_ && offset_ == o.offset_; }
+  // True when both are defined and views of the same storage, at any offsets: writing one
+  // may change the other (a slice or reshape of a tensor shares its storage).
+  bool shares_storage(const Tensor& o) const { return storage_ != nullptr && storage_ == o.storage_; }
 
  private:
   friend void ensure(Tensor& t, const Shape& shape, DType dtype, Device device);

@@ -772,6 +772,19 @@ TEST(ShuffleRng, BoundedStaysInRange) {
 
 // ---- batching ----------------------------------------------------------------------------------
 
+// count * rows * cols past 64 bits is refused, not wrapped around to a small number that
+// the bytes present could match: one image of 2^32 x 2^32 pixels wraps to exactly 0, the
+// size of no images at all, and would pass as a consistent (empty) image.
+TEST(DatasetChecks, SizesWhoseProductOverflowsAreInconsistent) {
+  Dataset d;
+  d.count = 1;
+  d.labels = {0};
+  d.rows = d.cols = std::int64_t{1} << 32;
+  EXPECT_THROW(mf::data::check_dataset(d, "test"), std::invalid_argument);
+  d.rows = d.cols = 0;
+  EXPECT_NO_THROW(mf::data::check_dataset(d, "test")) << "one 0x0 image, 0 bytes: consistent";
+}
+
 TEST(Batching, NumBatchesKeepsThePartialBatch) {
   EXPECT_EQ(mf::data::num_batches(48000, 64), 750);
   EXPECT_EQ(mf::data::num_batches(48000, 1024), 47);

@@ -774,6 +774,27 @@ TEST(SoftmaxCpu, RowsAreProbabilities) {
   }
 }
 
+// softmax() fills N x K values: any other rank left entries unwritten (rank 3) or read
+// dimensions that are not there (rank 0 or 1, std::out_of_range); it now refuses them, and
+// dtypes that are not f32 or f16, naming the tensor.
+TEST(SoftmaxCpu, NeedsRankTwoFloatLogits) {
+  for (const Tensor& bad : {Tensor::zeros({1, 2, 3}), Tensor::zeros({6}), Tensor::zeros(Shape{}), Tensor()}) {
+    try {
+      mf::softmax(bad);
+      ADD_FAILURE() << bad.describe() << " accepted";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find("(N, classes)"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find(bad.describe()), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_THROW(mf::softmax(Tensor::zeros({2, 3}, DType::kI32)), std::invalid_argument);
+  // no classes: an empty result, nothing read
+  EXPECT_EQ(mf::softmax(Tensor::zeros({4, 0})).shape(), Shape({4, 0}));
+  // f16 logits (the GPU's FP16 path gives them) are widened
+  const Tensor p = mf::softmax(Tensor::zeros({1, 4}).to(DType::kF16));
+  EXPECT_EQ(p.to_vector(), std::vector<float>(4, 0.25f));
+}
+
 // ---- argument checks ------------------------------------------------------------------------
 
 // Expects std::invalid_argument whose message contains every one of `parts`.
@@ -818,6 +839,48 @@ TEST(LayerChecks, WrongDtypeIsRejected) {
   EXPECT_THROW(dense.forward(Tensor()), std::invalid_argument);
   dense.forward(Tensor::zeros({3, 4}));
   expect_invalid([&] { dense.backward(Tensor::zeros({3, 2}, DType::kF16)); }, {"f16 (3, 2)", "f32 (3, 2)"});
+}
+
+// A layer's output buffer is resized and overwritten by its next forward, so feeding a layer
+// the tensor its last forward returned (or a slice of it) read the input while writing it:
+// a wrong result with no error. It is refused for every layer that writes its own output;
+// the answer is still right from a clone().
+TEST(LayerChecks, ForwardOfTheLayersOwnOutputIsRefused) {
+  mf::Rng rng(105);
+  std::vector<std::unique_ptr<mf::Layer>> layers;
+  layers.push_back(std::make_unique<mf::Dense>(16, 16, Activation::kNone, rng));
+  layers.push_back(std::make_unique<mf::Dense>(10, 10, Activation::kRelu, rng));
+  layers.push_back(std::make_unique<mf::Conv2D>(4, 4, 1, Activation::kNone, rng));
+  layers.push_back(std::make_unique<mf::MaxPool2D>());
+  const std::vector<Shape> in = {{4, 16}, {4, 10}, {2, 5, 5, 4}, {1, 8, 8, 2}};
+  for (std::size_t i = 0; i < layers.size(); ++i) {
+    mf::Layer& l = *layers[i];
+    SCOPED_TRACE(l.type() + " " + in[i].str());
+    for (bool training : {false, true}) {
+      l.set_training(training);
+      const Tensor x = uniform(in[i], -1, 1, rng);
+      const Tensor y1 = l.forward(x).clone();
+      const std::vector<float> want = l.forward(y1).to_vector();  // the layer applied twice
+      const Tensor& own = l.forward(x);
+      expect_invalid([&] { l.forward(own); }, {l.type() + ": the input is this layer's own output buffer", "clone()"});
+      expect_invalid([&] { l.forward(own.slice(0, 1)); }, {"own output buffer"});
+      // the refused call changed nothing: the output is still the first application
+      EXPECT_EQ(own.to_vector(), y1.to_vector());
+      EXPECT_EQ(l.forward(own.clone()).to_vector(), want);
+    }
+  }
+}
+
+// Flatten's output is a view of its input by design (it writes no buffer of its own), so its
+// own output may come back in.
+TEST(LayerChecks, FlattenMayTakeItsOwnOutput) {
+  mf::Rng rng(106);
+  mf::Flatten flat;
+  const Tensor x = uniform({3, 2, 2, 5}, -1, 1, rng);
+  const Tensor& y = flat.forward(x);
+  const Tensor again = flat.forward(y);
+  EXPECT_EQ(again.shape(), Shape({3, 20}));
+  EXPECT_TRUE(again.same_buffer(x));
 }
 
 TEST(LayerChecks, BackwardNeedsATrainingForwardAndAMatchingGradient) {

@@ -11,16 +11,19 @@
 #include <cstdint>
 #include <cstdlib>
 #include <filesystem>
+#include <limits>
 #include <memory>
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "data/mnist.h"
 #include "kernels/errors.h"
 #include "layers/conv2d.h"
 #include "layers/dense.h"
+#include "layers/flatten.h"
 #include "layers/sequential.h"
 #include "layers/softmax_xent.h"
 #include "optim/adam.h"
@@ -224,6 +227,83 @@ TEST(ModelCpu, MisuseThrows) {
   EXPECT_THROW(empty.forward(Tensor::zeros({1, 28, 28, 1})), std::logic_error);
 }
 
+// A null layer or optimizer is an error, not a crash.
+TEST(ModelCpu, NullLayerOrOptimizerIsRefused) {
+  Sequential m;
+  EXPECT_THROW(m.add(nullptr), std::invalid_argument);
+  EXPECT_TRUE(m.layers().empty());
+  EXPECT_THROW(m.compile(nullptr), std::invalid_argument);
+  EXPECT_EQ(m.optimizer(), nullptr);
+}
+
+// A compile whose optimizer cannot attach (a model with no parameters) leaves the model
+// uncompiled: it used to keep the optimizer, so fit() went on to train nothing and add()
+// refused layers "after compile()".
+TEST(ModelCpu, FailedCompileLeavesTheModelUncompiled) {
+  mf::Rng rng(30);
+  Sequential m;
+  m.set_input_shape({28, 28, 1});
+  m.add(std::make_unique<mf::Flatten>());
+  EXPECT_THROW(m.compile(std::make_unique<mf::Adam>()), std::invalid_argument) << "no parameters";
+  EXPECT_EQ(m.optimizer(), nullptr);
+  const Dataset d = synthetic(8, 28, 28, 31);
+  mf::FitOptions o;
+  o.epochs = 1;
+  o.batch_size = 4;
+  EXPECT_THROW(m.fit(d, nullptr, o), std::logic_error) << "fit before a successful compile";
+  ASSERT_NO_THROW(m.add(std::make_unique<mf::Dense>(784, 10, mf::Activation::kNone, rng)));
+  m.compile(std::make_unique<mf::Adam>());
+  EXPECT_EQ(m.fit(d, nullptr, o).epochs.size(), 1u);
+  EXPECT_EQ(m.optimizer()->iterations(), 2);
+}
+
+// A callback may predict or evaluate during a fit, but not compile (the running fit holds
+// the optimizer: on the GPU it keeps a reference to it and to its buffers) nor start a
+// second fit. Both are refused, and the outer fit goes on; afterwards both work again.
+TEST(ModelCpu, CompileOrFitFromAFitsCallbackIsRefused) {
+  mf::Rng rng(32);
+  Sequential m = Sequential::mnist_cnn(rng);
+  m.compile(std::make_unique<mf::Adam>());
+  const Dataset d = synthetic(8, 28, 28, 33);
+  mf::FitOptions o;
+  o.epochs = 2;
+  o.batch_size = 4;
+  int refused_compiles = 0, refused_fits = 0, predictions = 0;
+  mf::FitCallbacks cb;
+  cb.on_epoch_end = [&](const mf::EpochLog&) {
+    try {
+      m.compile(std::make_unique<mf::Adam>());
+    } catch (const std::logic_error& e) {
+      EXPECT_NE(std::string(e.what()).find("compile during fit"), std::string::npos) << e.what();
+      ++refused_compiles;
+    }
+    try {
+      m.fit(d, nullptr, o);
+    } catch (const std::logic_error& e) {
+      EXPECT_NE(std::string(e.what()).find("fit during fit"), std::string::npos) << e.what();
+      ++refused_fits;
+    }
+    const mf::Tensor x = mf::Tensor::zeros(mf::Shape{1, 28, 28, 1});
+    if (m.predict(x).dim(1) == 10) ++predictions;
+  };
+  const mf::Optimizer* before = m.optimizer();
+  const mf::History h = m.fit(d, nullptr, o, cb);
+  EXPECT_EQ(h.epochs.size(), 2u);
+  EXPECT_EQ(refused_compiles, 2);
+  EXPECT_EQ(refused_fits, 2);
+  EXPECT_EQ(predictions, 2);
+  EXPECT_EQ(m.optimizer(), before);
+  EXPECT_EQ(m.optimizer()->iterations(), 4) << "two epochs of two steps: no steps of a nested fit";
+  // The fit is over: compiling and fitting again work.
+  m.compile(std::make_unique<mf::Adam>());
+  o.epochs = 1;
+  EXPECT_EQ(m.fit(d, nullptr, o).epochs.size(), 1u);
+  // And a fit that ended by an exception leaves them working too.
+  cb.on_epoch_end = [](const mf::EpochLog&) { throw std::runtime_error("stop"); };
+  EXPECT_THROW(m.fit(d, nullptr, o, cb), std::runtime_error);
+  EXPECT_NO_THROW(m.compile(std::make_unique<mf::Adam>()));
+}
+
 TEST(ModelCpu, MovingToTheDeviceWithoutOneThrows) {
   if (mf::gpu_available()) GTEST_SKIP() << "a GPU is present: this checks the no-GPU path";
   mf::Rng rng(1);
@@ -350,6 +430,114 @@ TEST(ModelCpuDeathTest, PredictRejectsBatchSizeZero) {
       ::testing::ExitedWithCode(3), "");
 }
 
+// A NaN or infinite pixel is refused, naming the image and where in it: the network would
+// otherwise give plausible probabilities (ReLU turns NaN into 0). The first one is named.
+TEST(ModelCpu, PredictRefusesNonFinitePixels) {
+  mf::Rng rng(33);
+  Sequential m = Sequential::mnist_cnn(rng);
+  const Tensor x = mf::testing::uniform({3, 28, 28, 1}, 0, 1, rng);
+  const float inf = std::numeric_limits<float>::infinity();
+  const std::vector<std::pair<float, std::string>> cases = {
+      {std::numeric_limits<float>::quiet_NaN(), "NaN"}, {inf, "inf"}, {-inf, "-inf"}};
+  for (const auto& [value, name] : cases) {
+    Tensor bad = x.clone();
+    bad.data<float>()[2 * 784 + 5 * 28 + 7] = value;  // image 2, row 5, column 7
+    bad.data<float>()[2 * 784 + 9 * 28] = value;      // a later one in the same image
+    try {
+      m.predict(bad, 2);
+      ADD_FAILURE() << name << " accepted";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find("image 2 holds " + name + " at (5, 7, 0) of its (28, 28, 1)"),
+                std::string::npos)
+          << e.what();
+    }
+  }
+  for (const auto& l : m.layers()) EXPECT_TRUE(l->training()) << l->name();
+  EXPECT_EQ(m.predict(x).shape(), Shape({3, 10}));
+}
+
+// predict() works for any input shape the model was given (the message used to index
+// input_shape_[0..2], std::out_of_range for a (784) input), says when there is none, and
+// needs (N, classes) logits (other outputs gave "from_vector: 144 values for shape (2, 6)").
+TEST(ModelCpu, PredictTakesAnyInputShapeAndNeedsClassScores) {
+  mf::Rng rng(34);
+  Sequential mlp;
+  mlp.set_input_shape({784});
+  mlp.add(std::make_unique<mf::Dense>(784, 10, mf::Activation::kNone, rng));
+  const Tensor p = mlp.predict(mf::testing::uniform({2, 784}, 0, 1, rng));
+  ASSERT_EQ(p.shape(), Shape({2, 10}));
+  for (int i = 0; i < 2; ++i) {
+    double sum = 0;
+    for (int j = 0; j < 10; ++j) sum += p.data<float>()[i * 10 + j];
+    EXPECT_NEAR(sum, 1.0, 1e-5);
+  }
+  const auto message_of = [](const auto& call) -> std::string {
+    try {
+      call();
+    } catch (const std::invalid_argument& e) {
+      return std::string("invalid_argument: ") + e.what();
+    } catch (const std::exception& e) {
+      return std::string("other: ") + e.what();
+    }
+    return "(no exception)";
+  };
+  const std::string wrong = message_of([&] { mlp.predict(Tensor::zeros({2, 28, 28, 1})); });
+  EXPECT_EQ(wrong.rfind("invalid_argument: predict: expected images of shape (N, 784)", 0), 0u) << wrong;
+  EXPECT_NE(wrong.find("(2, 28, 28, 1)"), std::string::npos) << wrong;
+
+  Sequential no_shape;
+  no_shape.add(std::make_unique<mf::Dense>(4, 2, mf::Activation::kNone, rng));
+  const std::string none = message_of([&] { no_shape.predict(Tensor::zeros({2, 4})); });
+  EXPECT_NE(none.find("set_input_shape"), std::string::npos) << none;
+
+  Sequential conv_only;
+  conv_only.set_input_shape({8, 8, 1});
+  conv_only.add(std::make_unique<mf::Conv2D>(1, 2, 3, mf::Activation::kRelu, rng));
+  const std::string rank4 = message_of([&] { conv_only.predict(Tensor::zeros({2, 8, 8, 1})); });
+  EXPECT_EQ(rank4.rfind("invalid_argument: predict: the model's output for these images is (2, 6, 6, 2)", 0), 0u)
+      << rank4;
+  EXPECT_NE(rank4.find("(N, classes)"), std::string::npos) << rank4;
+  for (const auto& l : conv_only.layers()) EXPECT_TRUE(l->training());
+}
+
+// InferenceMode (which predict and evaluate use) gives each layer back the mode it found:
+// it used to switch the model to training mode on the way out, even inside a caller's own
+// InferenceMode or after set_training(false).
+TEST(ModelCpu, InferenceModeRestoresTheModeItFound) {
+  mf::Rng rng(35);
+  Sequential m = Sequential::mnist_cnn(rng);
+  const Tensor x = Tensor::zeros({2, 28, 28, 1});
+  const Dataset d = synthetic(4, 28, 28, 36);
+  const auto modes = [&] {
+    std::vector<bool> v;
+    for (const auto& l : m.layers()) v.push_back(l->training());
+    return v;
+  };
+  const std::vector<bool> training(m.layers().size(), true), inference(m.layers().size(), false);
+  m.set_training(false);
+  m.predict(x);
+  EXPECT_EQ(modes(), inference) << "predict after set_training(false)";
+  m.evaluate(d);
+  EXPECT_EQ(modes(), inference) << "evaluate after set_training(false)";
+  m.set_training(true);
+  {
+    mf::InferenceMode outer(m);
+    m.predict(x);
+    EXPECT_EQ(modes(), inference) << "predict inside an InferenceMode";
+    m.forward(x);
+    EXPECT_THROW(m.backward(Tensor::zeros({2, 10})), std::logic_error) << "no backward after an inference forward";
+    { mf::InferenceMode inner(m); }
+    EXPECT_EQ(modes(), inference) << "nested InferenceMode";
+  }
+  EXPECT_EQ(modes(), training);
+  // layer by layer
+  m.layers()[1]->set_training(false);
+  std::vector<bool> mixed = training;
+  mixed[1] = false;
+  { mf::InferenceMode mode(m); }
+  EXPECT_EQ(modes(), mixed);
+}
+
 TEST(ModelCpu, EvaluateCountsLossAndAccuracy) {
   mf::Rng rng(6);
   Sequential m = Sequential::mnist_cnn(rng);
@@ -462,6 +650,73 @@ TEST(ModelCpu, LabelsOutsideTheClassesAreRefusedBeforeTraining) {
   EXPECT_EQ(fit_error(), "fit: validation label 10 at index 7 is not one of the model's 10 classes");
   EXPECT_EQ(all_weights(m), before) << "no step was taken";
   EXPECT_EQ(m.optimizer()->iterations(), 0);
+}
+
+// A Dataset whose sizes disagree (count, image bytes, labels) is refused by fit() before any
+// step, in the training set or the validation set (a short validation set was found only
+// after a whole epoch of training), and by evaluate() (a negative count gave zeros).
+TEST(ModelCpu, InconsistentDatasetsAreRefusedBeforeTraining) {
+  mf::Rng rng(37);
+  Sequential m = Sequential::mnist_cnn(rng);
+  m.compile(std::make_unique<mf::Adam>());
+  const std::vector<float> before = all_weights(m);
+  mf::FitOptions o;
+  o.epochs = 1;
+  o.batch_size = 8;
+  const Dataset good = synthetic(16, 28, 28, 38);
+  const auto fit_error = [&](const Dataset& train, const Dataset* val) {
+    try {
+      m.fit(train, val, o);
+    } catch (const std::invalid_argument& e) {
+      return std::string(e.what());
+    }
+    return std::string("(trained)");
+  };
+  Dataset short_val = synthetic(8, 28, 28, 39);
+  short_val.labels.resize(4);
+  EXPECT_EQ(fit_error(good, &short_val).rfind("fit: validation set: inconsistent Dataset: count 8", 0), 0u)
+      << fit_error(good, &short_val);
+  Dataset short_train = good;
+  short_train.images.resize(100);
+  EXPECT_EQ(fit_error(short_train, nullptr).rfind("fit: training set: inconsistent Dataset", 0), 0u);
+  Dataset more_labels = good;
+  more_labels.labels.resize(20, 3);
+  EXPECT_EQ(fit_error(more_labels, nullptr).rfind("fit: training set: inconsistent Dataset", 0), 0u);
+  EXPECT_EQ(all_weights(m), before) << "no step was taken";
+  EXPECT_EQ(m.optimizer()->iterations(), 0);
+
+  Dataset negative;
+  negative.rows = negative.cols = 28;
+  negative.count = -5;
+  EXPECT_THROW(m.evaluate(negative), std::invalid_argument);
+  EXPECT_THROW(m.evaluate(short_val), std::invalid_argument);
+  EXPECT_EQ(m.evaluate(good).count, 16);
+}
+
+// A count with no data behind it (2^31 - 1 images, empty vectors) is refused at once: fit()
+// used to build a 2^31-entry shuffle first (105 s, 8.3 GB) before the first batch found the
+// data missing. Run in a child under a 10 s alarm, so that this shows as a failure.
+TEST(ModelCpuDeathTest, ACountWithoutDataIsRefusedAtOnce) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(
+      {
+        alarm(10);
+        mf::Rng rng(40);
+        Sequential m = Sequential::mnist_cnn(rng);
+        m.compile(std::make_unique<mf::Adam>());
+        Dataset d;
+        d.rows = d.cols = 28;
+        d.count = INT32_MAX;
+        mf::FitOptions o;
+        o.epochs = 1;
+        try {
+          m.fit(d, nullptr, o);
+        } catch (const std::invalid_argument& e) {
+          if (std::string(e.what()).find("inconsistent Dataset") != std::string::npos) std::_Exit(3);
+        }
+        std::_Exit(0);
+      },
+      ::testing::ExitedWithCode(3), "");
 }
 
 // evaluate and predict switch the layers to inference and back, also when they throw: a

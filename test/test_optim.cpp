@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -214,6 +215,51 @@ TEST(AdamCpu, RejectsBadConfigAndStepBeforeAttach) {
   EXPECT_EQ(adam.take_skipped_steps(), 0);
 }
 
+// A learning rate must be a finite number above zero, in the constructor and in
+// set_learning_rate() alike: -1 trained by gradient ascent (the loss climbed to 1e9 with no
+// error), 0 trained nothing, and an infinite rate or epsilon made every weight NaN or inf.
+// A refused value leaves the rate as it was.
+TEST(Optimizers, LearningRateAndEpsilonMustBeFiniteAndPositive) {
+  const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
+  for (const float bad : {-1.0f, 0.0f, -0.0f, inf, -inf, nan}) {
+    SCOPED_TRACE(std::to_string(bad));
+    mf::AdamConfig c;
+    c.lr = bad;
+    EXPECT_THROW(mf::Adam{c}, std::invalid_argument);
+    c.lr = 1e-3f;
+    c.eps = bad;
+    EXPECT_THROW(mf::Adam{c}, std::invalid_argument);
+    EXPECT_THROW(mf::SGD{bad}, std::invalid_argument);
+    mf::Adam adam;
+    mf::SGD sgd(0.1f);
+    for (mf::Optimizer* opt : std::vector<mf::Optimizer*>{&adam, &sgd}) {
+      const float before = opt->learning_rate();
+      try {
+        opt->set_learning_rate(bad);
+        ADD_FAILURE() << opt->name() << " took the learning rate";
+      } catch (const std::invalid_argument& e) {
+        EXPECT_NE(std::string(e.what()).find(opt->name() + ": learning rate must be finite and > 0"),
+                  std::string::npos)
+            << e.what();
+      }
+      EXPECT_EQ(opt->learning_rate(), before) << opt->name();
+    }
+  }
+  // train_mnist's smallest --lr is 1e-8, its largest 10: both valid
+  mf::Adam adam;
+  mf::SGD sgd(0.1f);
+  for (mf::Optimizer* opt : std::vector<mf::Optimizer*>{&adam, &sgd}) {
+    for (const float lr : {1e-8f, 10.0f}) {
+      opt->set_learning_rate(lr);
+      EXPECT_EQ(opt->learning_rate(), lr) << opt->name();
+    }
+  }
+  mf::AdamConfig c;
+  c.lr = 1e-8f;
+  c.eps = 1e-12f;
+  EXPECT_NO_THROW(mf::Adam{c});
+}
+
 // ---- SGD ------------------------------------------------------------------------------------
 
 TEST(SgdCpu, PlainStepsWorkedOutByHand) {
@@ -283,6 +329,20 @@ TEST(SgdCpu, RejectsBadSettings) {
   EXPECT_THROW(sgd.step(), std::logic_error);
   EXPECT_EQ(sgd.iterations(), 0);
   EXPECT_EQ(sgd.name(), "SGD");
+}
+
+// SGD has no mixed precision; it refuses such parameters before packing them, so that a
+// refused compile leaves them in the buffers of the optimizer the model already had (after
+// packing, that one would update buffers the model no longer reads).
+TEST(SgdCpu, RefusesMixedPrecisionBeforeTakingTheParameters) {
+  Parameter p = make_param("kernel", {3}, {1.0f, 2.0f, 3.0f});
+  p.half = p.value.to(DType::kF16);
+  const void* const value = p.value.raw();
+  const void* const grad = p.grad.raw();
+  mf::SGD sgd(0.1f);
+  EXPECT_THROW(sgd.attach({&p}), std::invalid_argument);
+  EXPECT_EQ(p.value.raw(), value);
+  EXPECT_EQ(p.grad.raw(), grad);
 }
 
 // ---- ParamPack ------------------------------------------------------------------------------

@@ -14,6 +14,7 @@
 #include <stdexcept>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #if defined(__linux__)
@@ -271,6 +272,48 @@ TEST(Tensor, CopyFromAndFillZero) {
   Tensor mid = big.slice(1, 3);
   mid.fill_zero();
   EXPECT_EQ(big.to_vector(), (std::vector<float>{1, 0, 0, 4}));
+}
+
+// An undefined tensor has shape () and counts one element, like a scalar, so it passed the
+// shape check and was copied through its null pointer (a crash). Either side undefined is
+// an error naming both tensors.
+TEST(Tensor, CopyFromAnUndefinedTensorThrows) {
+  const Tensor undefined;
+  Tensor scalar = Tensor::zeros(Shape{});
+  Tensor empty = Tensor::zeros({0});
+  for (const bool async : {false, true}) {
+    SCOPED_TRACE(async ? "copy_from_async" : "copy_from");
+    auto copy = [&](Tensor dst, const Tensor& src) {
+      if (async) dst.copy_from_async(src, mf::GpuStream{});  // host tensors: the stream is not used
+      else dst.copy_from(src);
+    };
+    for (const auto& [dst, src] : std::vector<std::pair<Tensor, Tensor>>{
+             {undefined, undefined}, {scalar, undefined}, {undefined, scalar}, {empty, undefined}}) {
+      try {
+        copy(dst, src);
+        ADD_FAILURE() << src.describe() << " into " << dst.describe() << " accepted";
+      } catch (const std::invalid_argument& e) {
+        const std::string msg = e.what();
+        EXPECT_NE(msg.find(src.describe() + " into " + dst.describe()), std::string::npos) << msg;
+        EXPECT_NE(msg.find("defined"), std::string::npos) << msg;
+      }
+    }
+  }
+  // a defined scalar still copies
+  scalar.copy_from(Tensor::from_vector(Shape{}, {2.5f}));
+  EXPECT_EQ(scalar.to_vector(), std::vector<float>{2.5f});
+}
+
+// shares_storage: any two views of one storage (offsets may differ), never undefined ones.
+TEST(Tensor, SharesStorageSeesViewsAtAnyOffset) {
+  const Tensor a = Tensor::zeros({4, 3});
+  EXPECT_TRUE(a.shares_storage(a));
+  EXPECT_TRUE(a.shares_storage(a.slice(2, 4)));
+  EXPECT_TRUE(a.slice(0, 1).shares_storage(a.slice(3, 4)));  // disjoint rows, same storage
+  EXPECT_TRUE(a.reshape({12}).shares_storage(a));
+  EXPECT_FALSE(a.shares_storage(a.clone()));
+  EXPECT_FALSE(a.shares_storage(Tensor()));
+  EXPECT_FALSE(Tensor().shares_storage(Tensor()));
 }
 
 TEST(Tensor, EnsureReusesStorageWhenLargeEnough) {
