@@ -167,24 +167,22 @@ CheckpointMeta decode_meta(const Reader& r, const std::string& text) {
       const std::int64_t ep = parse_int(r, key, f[0]);
       if (ep < 0 || ep > 1000000) r.malformed("meta 'history' epoch out of range");
       e.epoch = static_cast<int>(ep);
-      // The values go into plots, the metrics JSON and the resumed run's history: each must
-      // be one that training can produce. A loss is a mean of float cross-entropies: not
-      // negative, at most the largest float (so never inf). An accuracy is a fraction. The
-      // validation pair may be NaN: a run without a validation set.
-      const auto field = [&](int i, const char* name, double hi, const char* rule, bool nan_allowed) {
+      // The values go into plots, the metrics JSON and the resumed run's history. A value
+      // that training cannot produce (a loss is a mean of float cross-entropies: not negative,
+      // at most the largest float; an accuracy is a fraction; a time is finite) is read as
+      // NaN, "not known", which the plot leaves out and the JSON writes as null. A history
+      // is a record, not the model: a file from an older version whose run diverged still
+      // loads, with its weights, rather than being refused whole.
+      const auto field = [&](int i, double hi) {
         const double x = parse_double(r, key, f[i]);
-        if (!(std::isnan(x) && nan_allowed) && !(x >= 0 && x <= hi))
-          r.malformed("meta 'history' of epoch " + std::to_string(ep + 1) + ": " + name + " " + f[i] +
-                      " is out of range (" + rule + (nan_allowed ? ", or nan" : "") + ")");
-        return x;
+        return x >= 0 && x <= hi ? x : std::nan("");
       };
       const double kMaxLoss = std::numeric_limits<float>::max();
-      e.loss = field(1, "loss", kMaxLoss, "a loss is in [0, 3.40282347e+38]", false);
-      e.accuracy = field(2, "accuracy", 1, "an accuracy is in [0, 1]", false);
-      e.val_loss = field(3, "val_loss", kMaxLoss, "a loss is in [0, 3.40282347e+38]", true);
-      e.val_accuracy = field(4, "val_accuracy", 1, "an accuracy is in [0, 1]", true);
-      e.train_seconds = field(5, "train_seconds", std::numeric_limits<double>::max(),
-                              "a time is finite and not negative", false);
+      e.loss = field(1, kMaxLoss);
+      e.accuracy = field(2, 1);
+      e.val_loss = field(3, kMaxLoss);
+      e.val_accuracy = field(4, 1);
+      e.train_seconds = field(5, std::numeric_limits<double>::max());
       e.steps = parse_int(r, key, f[6]);
       e.samples = parse_int(r, key, f[7]);
       if (e.steps < 0 || e.samples < 0)

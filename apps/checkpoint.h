@@ -104,8 +104,8 @@ std::string serialize_checkpoint(Sequential& model, Optimizer* optimizer, const 
 
 // Writes the checkpoint atomically (atomic_file.h): a failed save leaves any old file at
 // `path` as it was. Throws CheckpointError, also, writing nothing, when a weight or state
-// value would make the file refused on loading (NaN or inf, a negative count, a history value
-// out of range).
+// value would make the file refused on loading (NaN or inf in the weights or the state, a
+// negative count).
 void save_checkpoint(const std::string& path, Sequential& model, Optimizer* optimizer, const CheckpointMeta& meta);
 inline void save_checkpoint(const std::string& path, Sequential& model, Optimizer& optimizer,
                             const CheckpointMeta& meta) {

@@ -67,6 +67,7 @@ void check_output_path(const char* flag, const std::string& path) {
   // them, so that what passes here is what the write accepts after the training.
   struct stat st {}, lst {};
   const bool exists = ::stat(path.c_str(), &st) == 0;  // follows symlinks
+  const int stat_err = exists ? 0 : errno;
   if (exists && S_ISDIR(st.st_mode)) throw std::invalid_argument(what + ": is a folder, not a file");
   if (path.back() == '/') throw std::invalid_argument(what + ": ends in '/': names a folder, not a file");
   if (exists && !S_ISREG(st.st_mode)) {
@@ -83,7 +84,11 @@ void check_output_path(const char* flag, const std::string& path) {
     if (!exists) {
       std::error_code ec;
       const std::string to = std::filesystem::read_symlink(path, ec).string();
-      throw std::invalid_argument(what + ": is a symlink to a missing file" + (ec ? "" : " (" + to + ")"));
+      const std::string points = ec ? "" : " (" + to + ")";
+      if (stat_err == ELOOP) throw std::invalid_argument(what + ": is a symlink loop" + points);
+      if (stat_err != ENOENT && stat_err != ENOTDIR)  // EACCES on the way to the target, say
+        throw std::invalid_argument(what + ": cannot follow the symlink" + points + ": " + std::strerror(stat_err));
+      throw std::invalid_argument(what + ": is a symlink to a missing file" + points);
     }
     char* resolved = ::realpath(path.c_str(), nullptr);
     if (!resolved) {

@@ -433,11 +433,11 @@ static int run_main(int argc, char** argv) {
                       "(worst error %.2f of the tolerance 2^-12 * sum |a b|)",
                       r.cpu_checked - r.cpu_failed, r.cpu_checked, r.cpu_worst));
         } catch (const std::bad_alloc&) {
-          // The inputs are filled on the host first: two n x n float matrices.
-          rep.add(Mark::kFail, fmt("stress test: out of host memory for the two %lldx%lld input matrices (%s): "
+          // The inputs are filled on the host first: two n x n matrices (and their f16 copies
+          // with --burn-fp16).
+          rep.add(Mark::kFail, fmt("stress test: out of host memory for the two %lldx%lld input matrices: "
                                    "try a smaller --burn-size",
-                                   static_cast<long long>(burn_size), static_cast<long long>(burn_size),
-                                   format_bytes(static_cast<std::size_t>(2 * 4 * burn_size * burn_size)).c_str()));
+                                   static_cast<long long>(burn_size), static_cast<long long>(burn_size)));
         } catch (const std::exception& e) {
           rep.add(Mark::kFail, "stress test: " + apps::one_line(e.what()));
         }

@@ -222,8 +222,9 @@ void draw_panel(Canvas& cv, int px, int py, int pw, int ph, const std::string& t
   const double xpad = xmax > xmin ? 0.04 * (xmax - xmin) : 0.5;
   const double x_lo = xmin - xpad, x_hi = xmax + xpad;
   auto sx = [&](double x) { return left + (x - x_lo) / (x_hi - x_lo) * (right - left); };
-  // A value off the axis (only when y_axis fell back to [0, 1]) is drawn just outside the
-  // panel, where the canvas clips it, not at a coordinate too large for an int.
+  // A value off the axis (an accuracy outside [0, 1], or any value when y_axis fell back to
+  // [0, 1]) is drawn just outside the panel, where the canvas clips it, not at a coordinate
+  // too large for an int.
   auto sy = [&](double y) {
     return std::clamp(bottom - (y - lo) / (hi - lo) * (bottom - top), top - 2.0 * ph, bottom + 2.0 * ph);
   };

@@ -197,11 +197,12 @@ static int run_main(int argc, char** argv) {
     }
     // A fresh run saving over an existing file would replace a trained model with one epoch
     // of a new run (or less: Ctrl-C saves too). Resuming that file, or --overwrite, says it
-    // is meant. A device (/dev/null) is written in place and holds nothing to lose; a symlink
-    // to a missing file was refused by check_output_path above.
+    // is meant. An empty file (made by mktemp, or by the shell for `--save /dev/stdout >
+    // run.ckpt`) and a device (/dev/null) hold nothing to lose; a symlink to a missing file
+    // was refused by check_output_path above.
     if (!o.save.empty() && !o.overwrite && !apps::same_file(o.save, o.resume)) {
       std::error_code ec;
-      if (std::filesystem::is_regular_file(o.save, ec))
+      if (std::filesystem::is_regular_file(o.save, ec) && std::filesystem::file_size(o.save, ec) > 0 && !ec)
         throw std::invalid_argument("--save " + o.save + " already exists: pass --resume " + o.save +
                                     " to continue that run, or --overwrite to replace it");
     }
@@ -465,6 +466,14 @@ static int run_main(int argc, char** argv) {
     // The C++ library's own message is just "std::bad_alloc": say what ran out and what to try.
     std::fprintf(stderr, "train_mnist: error: out of host memory while %s; %s\n", apps::one_line(stage).c_str(),
                  oom_hint);
+    return 1;
+  } catch (const OutOfMemoryError& e) {
+    // A tensor the host could not allocate names itself ("out of host memory allocating f32
+    // (16384, 26, 26, 32) on cpu (1.29 GiB)"); what to try depends on what was running. The
+    // GPU's message already says what to try.
+    std::string msg = apps::one_line(e.what());
+    if (msg.rfind("out of host memory", 0) == 0) msg += " while " + apps::one_line(stage) + "; " + oom_hint;
+    std::fprintf(stderr, "train_mnist: error: %s\n", msg.c_str());
     return 1;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "train_mnist: error: %s\n", apps::one_line(e.what()).c_str());

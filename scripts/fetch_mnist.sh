@@ -28,8 +28,9 @@ intact() {
   for f in "${!file_sha[@]}"; do
     [ -f "$dest/$f" ] || return 1
   done
-  # Full hashes only when the marker is missing or a file changed after it. -cnewer looks at
-  # the files' change times, which cp -p, tar and mv cannot set back as they do mtimes.
+  # Full hashes only when the marker is missing or a file changed after it was written:
+  # -cnewer compares each file's change time (ctime) with the marker's modification time,
+  # and cp -p, tar and touch can set a file's mtime back, never its ctime.
   [ -f "$dest/.verified" ] && [ -z "$(find "$dest" -cnewer "$dest/.verified" -type f ! -name .verified)" ] && return 0
   for f in "${!file_sha[@]}"; do
     echo "${file_sha[$f]}  $dest/$f" | sha256sum --check --status || return 1

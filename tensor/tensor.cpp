@@ -71,7 +71,7 @@ Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
     // One line naming the tensor, its size and where memory ran out, with what to try.
     if (device == Device::kCpu)
       throw OutOfMemoryError("out of host memory allocating " + describe(shape, dtype, device) + " (" +
-                                 format_bytes(bytes) + "). Try a smaller --batch-size.",
+                                 format_bytes(bytes) + ")",
                              e.requested(), e.in_use(), e.limit());
     throw OutOfMemoryError("out of GPU memory allocating " + describe(shape, dtype, device) + " (" +
                                format_bytes(bytes) + "): " + e.what() +

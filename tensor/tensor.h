@@ -42,7 +42,7 @@ class Tensor {
 
   // Uninitialised memory. Memory that cannot be had, host or device, throws
   // OutOfMemoryError naming where, this tensor's dtype, shape and size: "out of host memory
-  // allocating f32 (16384, 32, 26, 26) on cpu (1.29 GiB). Try a smaller --batch-size."
+  // allocating f32 (16384, 32, 26, 26) on cpu (1.29 GiB)"; the programs add what to try.
   // A byte count past size_t throws std::overflow_error (nbytes()).
   static Tensor empty(const Shape& shape, DType dtype = DType::kF32, Device device = Device::kCpu);
   static Tensor zeros(const Shape& shape, DType dtype = DType::kF32, Device device = Device::kCpu);

@@ -384,8 +384,11 @@ TEST(TrainMnistCli, SaveOverAnExistingFileNeedsResumeOrOverwrite) {
   expect_one_line_error("--data /nonexistent/mnist --resume " + dir.file("other.ckpt") + " --save " + ckpt, refused,
                         kError);
   EXPECT_EQ(apps::read_file_bytes(ckpt), "the checkpoint");
-  // A device holds nothing to lose: no --overwrite needed (the run stops at the missing data).
+  // A device or an empty file holds nothing to lose: no --overwrite needed (the run stops at
+  // the missing data).
   expect_one_line_error("--data /nonexistent/mnist --save /dev/null", "/nonexistent/mnist", kError);
+  std::ofstream(dir.file("empty.ckpt")).flush();
+  expect_one_line_error("--data /nonexistent/mnist --save " + dir.file("empty.ckpt"), "/nonexistent/mnist", kError);
   // --overwrite, or --resume of that very file, passes this check (and stops at what follows).
   expect_one_line_error("--data /nonexistent/mnist --save " + ckpt + " --overwrite", "/nonexistent/mnist", kError);
   expect_one_line_error("--data /nonexistent/mnist --resume " + dir.file("link.ckpt") + " --save " + ckpt,

@@ -280,53 +280,64 @@ TEST(Checkpoint, FilesLargerThanTheLimitAreRefusedUnread) {
                           std::to_string(apps::kMaxCheckpointBytes) + " expected)");
 }
 
-// History values that training cannot produce are refused, naming the epoch and the field:
-// a loss of 1.7e308 made the plot's loss axis infinite and --plot never finished. Such a
-// history is not saved either, and the file on disk stays.
-TEST(Checkpoint, HistoryValuesOutOfRangeAreRefused) {
+// History values that training cannot produce (a loss of 1.7e308, inf or below 0, an
+// accuracy outside [0, 1], a negative time) are read as NaN, "not known": the plot leaves
+// them out, the JSON writes null, and the weights load. A negative count of steps or
+// samples makes the file malformed.
+TEST(Checkpoint, HistoryValuesOutOfRangeAreReadAsNotKnown) {
   TempDir dir;
-  const double nan = std::nan(""), inf = INFINITY;
+  const double inf = INFINITY;
   struct Case {
     std::function<void(EpochLog&)> spoil;
-    std::string expect;
+    std::function<double(const EpochLog&)> read;
   };
   const std::vector<Case> cases = {
-      {[](EpochLog& e) { e.loss = 1.7e308; }, "epoch 1: loss 1.6999999999999999e+308 is out of range"},
-      {[&](EpochLog& e) { e.loss = inf; }, "epoch 1: loss inf is out of range"},
-      {[&](EpochLog& e) { e.loss = nan; }, "epoch 1: loss nan is out of range"},
-      {[](EpochLog& e) { e.loss = -0.5; }, "epoch 1: loss -0.5 is out of range"},
-      {[](EpochLog& e) { e.accuracy = 1.5; }, "epoch 1: accuracy 1.5 is out of range (an accuracy is in [0, 1])"},
-      {[&](EpochLog& e) { e.accuracy = nan; }, "epoch 1: accuracy nan is out of range"},
-      {[&](EpochLog& e) { e.val_loss = inf; }, "epoch 1: val_loss inf is out of range"},
-      {[](EpochLog& e) { e.val_accuracy = -0.25; }, "epoch 1: val_accuracy -0.25 is out of range"},
-      {[&](EpochLog& e) { e.train_seconds = -inf; }, "epoch 1: train_seconds -inf is out of range"},
-      {[](EpochLog& e) { e.steps = -1; }, "epoch 1: a negative count of steps or samples"},
+      {[](EpochLog& e) { e.loss = 1.7e308; }, [](const EpochLog& e) { return e.loss; }},
+      {[&](EpochLog& e) { e.loss = inf; }, [](const EpochLog& e) { return e.loss; }},
+      {[](EpochLog& e) { e.loss = -0.5; }, [](const EpochLog& e) { return e.loss; }},
+      {[](EpochLog& e) { e.accuracy = 1.5; }, [](const EpochLog& e) { return e.accuracy; }},
+      {[&](EpochLog& e) { e.val_loss = inf; }, [](const EpochLog& e) { return e.val_loss; }},
+      {[](EpochLog& e) { e.val_accuracy = -0.25; }, [](const EpochLog& e) { return e.val_accuracy; }},
+      {[&](EpochLog& e) { e.train_seconds = -inf; }, [](const EpochLog& e) { return e.train_seconds; }},
   };
   Sequential m = trained_and_saved(dir.file("unused.ckpt"));
-  for (const Case& c : cases) {
-    SCOPED_TRACE(c.expect);
-    apps::CheckpointMeta meta = meta_for(1);
-    c.spoil(meta.history[0]);
-    const std::string path = dir.file("bad.ckpt");
-    spit(path, apps::serialize_checkpoint(m, m.optimizer(), meta));
-    expect_refused(path, "malformed checkpoint: meta 'history' of " + c.expect);
-    // save_checkpoint refuses to write it over a good file.
-    const std::string kept = dir.file("kept.ckpt");
-    apps::save_checkpoint(kept, m, *m.optimizer(), meta_for(1));
-    const std::string before = slurp(kept);
-    try {
-      apps::save_checkpoint(kept, m, *m.optimizer(), meta);
-      ADD_FAILURE() << "saved a history that loading refuses";
-    } catch (const CheckpointError& e) {
-      EXPECT_NE(std::string(e.what()).find("not saved, the file on disk is kept"), std::string::npos) << e.what();
-    }
-    EXPECT_EQ(slurp(kept), before);
+  const apps::CheckpointMeta good = meta_for(1);
+  for (std::size_t k = 0; k < cases.size(); ++k) {
+    SCOPED_TRACE("case " + std::to_string(k));
+    apps::CheckpointMeta meta = good;
+    cases[k].spoil(meta.history[0]);
+    const std::string path = dir.file("odd.ckpt");
+    apps::save_checkpoint(path, m, *m.optimizer(), meta);
+    Sequential fresh = make_model(7);
+    const apps::CheckpointMeta back = apps::load_checkpoint(path, fresh, *fresh.optimizer());
+    ASSERT_EQ(back.history.size(), 1u);
+    EXPECT_TRUE(std::isnan(cases[k].read(back.history[0]))) << cases[k].read(back.history[0]);
+    // The other values, and the weights, are as saved.
+    EXPECT_EQ(back.history[0].steps, good.history[0].steps);
+    EXPECT_EQ(back.history[0].samples, good.history[0].samples);
+    EXPECT_EQ(fresh.parameters()[0]->value.to_vector(), m.parameters()[0]->value.to_vector());
   }
-  // The ends of the ranges, and no validation set (NaN), are fine.
-  apps::CheckpointMeta meta = meta_for(1);
+  // A negative count is refused, and never saved over a good file.
+  apps::CheckpointMeta meta = good;
+  meta.history[0].steps = -1;
+  const std::string path = dir.file("bad.ckpt");
+  spit(path, apps::serialize_checkpoint(m, m.optimizer(), meta));
+  expect_refused(path, "malformed checkpoint: meta 'history' of epoch 1: a negative count of steps or samples");
+  const std::string kept = dir.file("kept.ckpt");
+  apps::save_checkpoint(kept, m, *m.optimizer(), good);
+  const std::string before = slurp(kept);
+  try {
+    apps::save_checkpoint(kept, m, *m.optimizer(), meta);
+    ADD_FAILURE() << "saved a history that loading refuses";
+  } catch (const CheckpointError& e) {
+    EXPECT_NE(std::string(e.what()).find("not saved, the file on disk is kept"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(slurp(kept), before);
+  // The ends of the ranges, and no validation set (NaN), are kept as they are.
+  meta = good;
   meta.history[0].loss = std::numeric_limits<float>::max();
   meta.history[0].accuracy = 1;
-  meta.history[0].val_loss = meta.history[0].val_accuracy = nan;
+  meta.history[0].val_loss = meta.history[0].val_accuracy = std::nan("");
   apps::save_checkpoint(dir.file("edge.ckpt"), m, *m.optimizer(), meta);
   Sequential fresh = make_model(7);
   const apps::CheckpointMeta back = apps::load_checkpoint(dir.file("edge.ckpt"), fresh, *fresh.optimizer());
