@@ -16,6 +16,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "data/mnist.h"
 #include "kernels/device_allocator.h"
 #include "kernels/errors.h"
 #include "kernels/gpu_runtime.h"
@@ -115,6 +116,21 @@ bool same_file(const std::string& a, const std::string& b) {
   std::error_code ea, eb;
   const auto ca = std::filesystem::weakly_canonical(a, ea), cb = std::filesystem::weakly_canonical(b, eb);
   return !ea && !eb && ca == cb;
+}
+
+std::string same_file_among(const std::string& path, const std::vector<std::string>& files) {
+  for (const std::string& f : files)
+    if (same_file(path, f)) return f;
+  return "";
+}
+
+std::vector<std::string> data_files_in(const std::string& data_dir) {
+  try {
+    const data::MnistFiles f = data::find_mnist_files(data_dir);
+    return {f.train_images, f.train_labels, f.test_images, f.test_labels};
+  } catch (const data::DataError&) {
+    return {};
+  }
 }
 
 int exit_status_after_stdout(const char* program, int status) {

@@ -3,6 +3,7 @@
 #pragma once
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "layers/sequential.h"
 
@@ -32,6 +33,14 @@ void check_output_path(const char* flag, const std::string& path);
 // True when `a` and `b` name the same file: the same inode when both exist (hard links and
 // symlinks included), else the same path once folders and symlinks are resolved.
 bool same_file(const std::string& a, const std::string& b);
+
+// The first of `files` that names the same file as `path` (same_file), or "" when none does.
+std::string same_file_among(const std::string& path, const std::vector<std::string>& files);
+
+// The four MNIST files in `data_dir` (data::find_mnist_files), found but not read; none when
+// the folder does not hold them all, as then nothing there is read (the loader says why).
+// The apps compare their output paths with these, so that no output overwrites the data.
+std::vector<std::string> data_files_in(const std::string& data_dir);
 
 // For the end of main: `status`, or 1 with a one-line error when writing standard output
 // failed (a full disk, a closed pipe), which would otherwise lose the results in silence.

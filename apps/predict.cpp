@@ -119,20 +119,13 @@ static int run_main(int argc, char** argv) {
       if (apps::same_file(grid, model_path))
         throw apps::FlagError("--grid " + grid + " and --model " + model_path +
                               " name the same file: the grid would overwrite the checkpoint");
-      for (const std::string& image : flags.positional())
-        if (apps::same_file(grid, image))
-          throw apps::FlagError("--grid " + grid + " and the image " + image +
-                                " name the same file: the grid would overwrite the image");
-      data::MnistFiles in;
-      try {
-        in = data::find_mnist_files(data_dir);
-      } catch (const data::DataError&) {
-        // no data files: none can be overwritten (write_grid reports the missing data)
-      }
-      for (const std::string* file : {&in.train_images, &in.train_labels, &in.test_images, &in.test_labels})
-        if (apps::same_file(grid, *file))
-          throw apps::FlagError("--grid " + grid + " is the data file " + *file +
-                                ": writing there would destroy the data");
+      const std::string image = apps::same_file_among(grid, flags.positional());
+      if (!image.empty())
+        throw apps::FlagError("--grid " + grid + " and the image " + image +
+                              " name the same file: the grid would overwrite the image");
+      const std::string file = apps::same_file_among(grid, apps::data_files_in(data_dir));
+      if (!file.empty())
+        throw apps::FlagError("--grid " + grid + " is the data file " + file + ": writing there would destroy the data");
     }
   } catch (const apps::FlagError& e) {
     std::fprintf(stderr, "predict: error: %s\n", e.what());

@@ -181,19 +181,15 @@ static int run_main(int argc, char** argv) {
     // the run goes. The files are only found here, not read; a folder where they cannot be
     // found is reported when the data are loaded, after the checkpoint and device checks.
     {
-      data::MnistFiles in;
-      try {
-        in = data::find_mnist_files(o.data_dir);
-      } catch (const data::DataError&) {
-        // no data files: no output can be one of them
-      }
+      const std::vector<std::string> data_files = apps::data_files_in(o.data_dir);
       const std::pair<const char*, const std::string*> outputs[] = {
           {"save", &o.save}, {"plot", &o.plot}, {"metrics-json", &o.metrics_json}};
-      for (const auto& [flag, out] : outputs)
-        for (const std::string* file : {&in.train_images, &in.train_labels, &in.test_images, &in.test_labels})
-          if (apps::same_file(*out, *file))
-            throw std::invalid_argument(std::string("--") + flag + " " + *out + " is the data file " + *file +
-                                        ": writing there would destroy the data");
+      for (const auto& [flag, out] : outputs) {
+        const std::string file = apps::same_file_among(*out, data_files);
+        if (!file.empty())
+          throw std::invalid_argument(std::string("--") + flag + " " + *out + " is the data file " + file +
+                                      ": writing there would destroy the data");
+      }
     }
     // A fresh run saving over an existing file would replace a trained model with one epoch
     // of a new run (or less: Ctrl-C saves too). Resuming that file, or --overwrite, says it

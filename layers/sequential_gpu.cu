@@ -570,7 +570,6 @@ std::string Sequential::gpu_training_info() const { return gpu_ ? gpu_->describe
 
 History Sequential::fit_gpu(const data::Dataset& train, const data::Dataset* validation, const FitOptions& options,
                             const FitCallbacks& callbacks) {
-  data::check_dataset(train, "fit");
   check_gpu_batch(options.batch_size);  // fit() has capped it at the data's size
   GpuContext& ctx = GpuContext::current();
   const cudaStream_t s = ctx.stream();
@@ -658,7 +657,6 @@ void Sequential::drop_graphs_if_moved(const std::vector<const void*>& addrs, std
 }
 
 EvalResult Sequential::evaluate_gpu(const data::Dataset& d, std::int64_t batch_size) {
-  data::check_dataset(d, "evaluate");
   EvalResult r;
   if (d.count == 0 || layers_.empty()) return r;
   GpuContext& ctx = GpuContext::current();

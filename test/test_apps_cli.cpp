@@ -123,6 +123,23 @@ constexpr bool kCanLimitAddressSpace = true;
 #endif
 const char kUlimit1Gb[] = "ulimit -v 1000000";
 
+// What a checkpoint for --resume holds after one epoch: train_mnist's model (the
+// architecture fits), compiled with Adam, and the run's settings (batch 64, lr 1e-3, split 0.2).
+struct SavedRun {
+  Sequential model;
+  apps::CheckpointMeta meta;
+};
+SavedRun saved_after_one_epoch() {
+  Rng rng(1);
+  SavedRun r{Sequential::mnist_cnn(rng), {}};
+  r.model.compile(std::make_unique<Adam>());
+  r.meta.epoch = 1;
+  r.meta.batch_size = 64;
+  r.meta.lr = 1e-3;
+  r.meta.validation_split = 0.2;
+  return r;
+}
+
 }  // namespace
 
 TEST(TrainMnistCli, BadFlagsGiveOneLine) {
@@ -480,14 +497,7 @@ TEST(TrainMnistCli, NonFiniteValidationOrTestLossFailsWithoutSaving) {
 // Two numbers that differ must not print alike: %g's six digits showed 0.2000001 as 0.2.
 TEST(TrainMnistCli, ResumeMessagesShowNumbersInFull) {
   TempDir dir;
-  Rng rng(1);
-  Sequential model = Sequential::mnist_cnn(rng);
-  model.compile(std::make_unique<Adam>());
-  apps::CheckpointMeta m;
-  m.epoch = 1;
-  m.batch_size = 64;
-  m.lr = 1e-3;
-  m.validation_split = 0.2;
+  auto [model, m] = saved_after_one_epoch();
   const std::string path = dir.file("run.ckpt");
   apps::save_checkpoint(path, model, *model.optimizer(), m);
   const std::string args = "--device cpu --quiet --epochs 2 --data /nonexistent/mnist --resume " + path;
@@ -557,14 +567,7 @@ TEST(TrainMnistCli, FailingToWriteStandardOutputIsAnError) {
 // passes the checks ends at the data, so the message tells which happened.
 TEST(TrainMnistCli, ResumeChecksTheRangesOfTheSavedSettings) {
   TempDir dir;
-  Rng rng(1);
-  Sequential model = Sequential::mnist_cnn(rng);  // train_mnist's model: the architecture fits
-  model.compile(std::make_unique<Adam>());
-  apps::CheckpointMeta good;
-  good.epoch = 1;
-  good.batch_size = 64;
-  good.lr = 1e-3;
-  good.validation_split = 0.2;
+  auto [model, good] = saved_after_one_epoch();
   good.limit_train = 640;
   const std::string path = dir.file("crafted.ckpt");
   const std::string args = "--device cpu --quiet --epochs 2 --data /nonexistent/mnist --resume " + path;
