@@ -45,29 +45,44 @@
 namespace {
 
 std::atomic<bool> g_stop{false};
-static_assert(std::atomic<bool>::is_always_lock_free, "the SIGINT handler needs a lock-free flag");
-// First Ctrl-C: finish the current step, save, report. Second: leave at once, removing
-// the temporary file of a save in progress (the checkpoint itself is only ever replaced
-// whole); only async-signal-safe calls here: write, unlink and _exit.
-extern "C" void on_sigint(int) {
+std::atomic<int> g_stop_signal{0};  // the signal that asked to stop first; 0: none
+static_assert(std::atomic<bool>::is_always_lock_free, "the signal handler needs a lock-free flag");
+static_assert(std::atomic<int>::is_always_lock_free, "the signal handler needs a lock-free flag");
+
+// Writes a C string to stderr from a signal handler (write is async-signal-safe).
+void signal_safe_print(const char* s) {
+  std::size_t n = 0;
+  while (s[n]) ++n;
+  (void)!::write(STDERR_FILENO, s, n);
+}
+
+// Ctrl-C (SIGINT), SIGTERM (kill, a batch scheduler, `timeout`) and SIGHUP (the terminal
+// closed) all stop a run the same way. First signal: finish the current step, save, report.
+// Second: leave at once, removing the temporary file of a save in progress (the checkpoint
+// itself is only ever replaced whole); only async-signal-safe calls here: write, unlink and
+// _exit. The exit status is 128 + the first signal's number, as a shell reports a process
+// the signal killed (130 for Ctrl-C, 143 for SIGTERM, 129 for SIGHUP).
+extern "C" void on_stop_signal(int sig) {
+  int none = 0;
+  g_stop_signal.compare_exchange_strong(none, sig);
   if (g_stop.exchange(true)) {
-    static const char kMsg[] = "\ntrain_mnist: interrupted again: exiting now\n";
-    (void)!::write(STDERR_FILENO, kMsg, sizeof kMsg - 1);
+    signal_safe_print("\ntrain_mnist: exiting now\n");
     mf::apps::remove_temp_file_in_progress();
-    ::_exit(130);
+    ::_exit(128 + g_stop_signal.load());
   }
-  static const char kMsg[] = "\ntrain_mnist: stopping after this step (Ctrl-C again to quit at once)\n";
-  (void)!::write(STDERR_FILENO, kMsg, sizeof kMsg - 1);
+  signal_safe_print(sig == SIGINT    ? "\ntrain_mnist: stopping after this step (Ctrl-C again to quit at once)\n"
+                    : sig == SIGTERM ? "\ntrain_mnist: terminated (SIGTERM): stopping after this step\n"
+                                     : "\ntrain_mnist: hangup (SIGHUP): stopping after this step\n");
 }
 
 // sigaction rather than std::signal, whose System V flavour resets the handler after the
 // first signal (the second Ctrl-C would then kill the process without a word).
-void set_sigint(void (*handler)(int)) {
+void set_stop_signals(void (*handler)(int)) {
   struct sigaction sa {};
   sa.sa_handler = handler;
   sigemptyset(&sa.sa_mask);
   sa.sa_flags = SA_RESTART;
-  sigaction(SIGINT, &sa, nullptr);
+  for (const int sig : {SIGINT, SIGTERM, SIGHUP}) sigaction(sig, &sa, nullptr);
 }
 
 // The shortest decimal that reads back as exactly `v` ("0.2", "0.2000001", "1e-08"). Plain
@@ -115,7 +130,8 @@ static int run_main(int argc, char** argv) {
   apps::Flags flags("train_mnist", "[flags]\n\nTrains the MNIST CNN of the article (Conv32-Pool-Conv64-Pool-Dense64-Dense10)\n"
                                    "with Adam and reports Keras-style progress and the test accuracy.\n"
                                    "Exit status: 0 done; 1 an error in the data, a file, the device or the\n"
-                                   "training; 2 a bad flag; 3 test accuracy below --min-accuracy; 130 interrupted.");
+                                   "training; 2 a bad flag; 3 test accuracy below --min-accuracy; 130, 143, 129 stopped\n"
+                                   "by Ctrl-C, SIGTERM, SIGHUP (--save has saved the run first).");
   flags.add_string("device", &o.device, "where to train", {"auto", "cpu", "gpu"});
   flags.add_string("data", &o.data_dir, "folder with the four MNIST IDX files (raw or .gz)");
   flags.add_int("epochs", &o.epochs, 1, 1000, "training epochs");
@@ -412,8 +428,11 @@ static int run_main(int argc, char** argv) {
       if (o.verbose && device == Device::kGpu) apps::print_gpu_report(model, o.fp16);
       else if (o.verbose) apps::print_cpu_report(model);
     };
-    set_sigint(on_sigint);
-    cb.should_stop = [] { return g_stop.load(); };
+    set_stop_signals(on_stop_signal);
+    // Standard output that cannot be written (`train_mnist | head`, a full disk) stops the run
+    // as a signal does, saved; the error is reported at exit. SIGPIPE is ignored (in main) so
+    // that a closed pipe is such an error rather than a silent death before the next save.
+    cb.should_stop = [] { return g_stop.load() || std::ferror(stdout) != 0; };
 
     stage = "training";
     const History h = model.fit(split.train, split.validation.count ? &split.validation : nullptr, fo, cb);
@@ -432,7 +451,9 @@ static int run_main(int argc, char** argv) {
       save(h.completed_epochs, h.epochs.empty() && resumed_partial);
     }
     plot();
-    set_sigint(SIG_DFL);
+    // No step is left to finish: from here on a signal exits at once, removing the temporary
+    // file of a --metrics-json write in progress.
+    g_stop.store(true);
 
     stage = "evaluating on the test images";
     oom_hint = "free some memory";
@@ -451,7 +472,7 @@ static int run_main(int argc, char** argv) {
       if (h.interrupted && !h.epochs.empty()) all.epochs.push_back(h.epochs.back());  // the partial epoch
       apps::write_metrics_json(o.metrics_json, info, all, test, model);
     }
-    if (h.interrupted) return 130;
+    if (h.interrupted) return g_stop_signal.load() ? 128 + g_stop_signal.load() : 1;  // 1: standard output failed
     if (test.accuracy < o.min_accuracy) {
       std::fprintf(stderr, "train_mnist: error: test accuracy %.4f is below --min-accuracy %.4f\n", test.accuracy,
                    o.min_accuracy);
@@ -478,5 +499,6 @@ static int run_main(int argc, char** argv) {
 }
 
 int main(int argc, char** argv) {
+  std::signal(SIGPIPE, SIG_IGN);  // a closed standard output is an error that stops the run (see should_stop)
   return mf::apps::exit_status_after_stdout("train_mnist", run_main(argc, argv));
 }

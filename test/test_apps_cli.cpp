@@ -3,14 +3,20 @@
 // the problem; a short real run writes its metrics, plot and checkpoint, and resumes from it.
 #include <gtest/gtest.h>
 
+#include <fcntl.h>
 #include <sys/wait.h>
 #include <unistd.h>
+
+#include <chrono>
+#include <csignal>
+#include <thread>
 
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -138,6 +144,63 @@ SavedRun saved_after_one_epoch() {
   r.meta.lr = 1e-3;
   r.meta.validation_split = 0.2;
   return r;
+}
+
+
+// train_mnist started in the background with `args`; its stderr goes to `err`, its stdout to
+// `out` or, when `out` is empty, into a pipe whose read end is `*read_end`.
+pid_t start_train_mnist(const std::vector<std::string>& args, const std::string& out, const std::string& err,
+                        int* read_end = nullptr) {
+  const std::string bin = mf::testing::program_path(MF_TRAIN_MNIST_BIN);
+  std::vector<char*> argv{const_cast<char*>(bin.c_str())};
+  for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  int fds[2] = {-1, -1};
+  if (out.empty() && ::pipe(fds) != 0) return -1;
+  const pid_t pid = ::fork();
+  if (pid == 0) {  // the child: only async-signal-safe calls until exec
+    const int o = out.empty() ? fds[1] : ::open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    const int e = ::open(err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    const int in = ::open("/dev/null", O_RDONLY);
+    if (o < 0 || e < 0 || in < 0 || ::dup2(o, 1) < 0 || ::dup2(e, 2) < 0 || ::dup2(in, 0) < 0) ::_exit(126);
+    if (out.empty()) ::close(fds[0]);
+    ::execv(argv[0], argv.data());
+    ::_exit(127);
+  }
+  if (out.empty()) {
+    ::close(fds[1]);
+    *read_end = fds[0];
+  }
+  return pid;
+}
+
+// The exit status of `pid`, or -1 when a signal ended it. One still running after 120 s is
+// killed: a hang fails the test instead of stalling it.
+int wait_exit_status(pid_t pid) {
+  int st = 0;
+  for (int i = 0; i < 1200 && ::waitpid(pid, &st, WNOHANG) == 0; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  if (::waitpid(pid, &st, WNOHANG) == 0) {
+    ::kill(pid, SIGKILL);
+    ::waitpid(pid, &st, 0);
+    ADD_FAILURE() << "train_mnist still running after 120 s";
+  }
+  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+// Files in `dir` left by an unfinished atomic write ("run.ckpt.tmp.1234").
+std::vector<std::string> temp_files_in(const TempDir& dir) {
+  std::vector<std::string> found;
+  for (const auto& e : fs::directory_iterator(dir.file("")))
+    if (e.path().filename().string().find(".tmp.") != std::string::npos) found.push_back(e.path().string());
+  return found;
+}
+
+// A long run on the 20 tiny images, one line per epoch, saving after each: a signal or a
+// closed output reaches it in the middle of its training.
+std::vector<std::string> long_tiny_run(const TempDir& dir) {
+  return {"--device", "cpu", "--threads", "1", "--data", dir.file(""), "--epochs", "1000", "--batch-size", "1",
+          "--validation-split", "0", "--quiet", "--save", dir.file("run.ckpt")};
 }
 
 }  // namespace
@@ -559,6 +622,64 @@ TEST(TrainMnistCli, FailingToWriteStandardOutputIsAnError) {
               std::string::npos)
         << e;
   }
+}
+
+// SIGTERM (kill, a batch scheduler, `timeout`) and SIGHUP (the terminal closed) stop a run
+// as Ctrl-C does: the step finishes, the checkpoint is saved whole, the exit status is the
+// shell's for that signal, and no temporary file is left. They used to kill it at once,
+// losing the epoch in progress without a word.
+TEST(TrainMnistCli, SigtermAndSighupStopAfterSavingAsCtrlCDoes) {
+  for (const int sig : {SIGTERM, SIGHUP}) {
+    SCOPED_TRACE(sig == SIGTERM ? "SIGTERM" : "SIGHUP");
+    TempDir dir;
+    write_tiny_mnist(dir);
+    const std::string out = dir.file("out.txt"), err = dir.file("err.txt");
+    const pid_t pid = start_train_mnist(long_tiny_run(dir), out, err);
+    ASSERT_GT(pid, 0);
+    // Epoch 2's line is printed once epoch 1 has been saved.
+    auto printed = [&] {
+      std::ifstream f(out);  // the child may not have created it yet
+      return std::string(std::istreambuf_iterator<char>(f), {});
+    };
+    for (int i = 0; i < 600 && printed().find("Epoch 2/") == std::string::npos; ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    ::kill(pid, sig);
+    EXPECT_EQ(wait_exit_status(pid), 128 + sig);
+    const std::string e = apps::read_file_bytes(err);
+    EXPECT_EQ(count_lines(e), 2) << e;  // the blank line that ends the progress line, then the note
+    EXPECT_NE(e.find("stopping after this step"), std::string::npos) << e;
+    EXPECT_NE(printed().find("Saved " + dir.file("run.ckpt")), std::string::npos);
+    const apps::CheckpointFile saved = apps::read_checkpoint(dir.file("run.ckpt"));
+    EXPECT_GE(saved.contents.meta.epoch, 1);
+    EXPECT_TRUE(temp_files_in(dir).empty()) << temp_files_in(dir)[0];
+  }
+}
+
+// `train_mnist | head`: when standard output can no longer be written the run stops as it
+// would on Ctrl-C, saved, and says why in one line with status 1. SIGPIPE used to end it
+// without a word at its next line of output, before that epoch was saved.
+TEST(TrainMnistCli, ClosedStandardOutputStopsTheRunSavedWithAnError) {
+  TempDir dir;
+  write_tiny_mnist(dir);
+  const std::string err = dir.file("err.txt");
+  int read_end = -1;
+  const pid_t pid = start_train_mnist(long_tiny_run(dir), "", err, &read_end);
+  ASSERT_GT(pid, 0);
+  std::string seen;
+  char buf[4096];
+  for (ssize_t n; seen.find("Epoch 2/") == std::string::npos && (n = ::read(read_end, buf, sizeof buf)) > 0;)
+    seen.append(buf, static_cast<std::size_t>(n));
+  ::close(read_end);  // as `head` does once it has its lines
+  EXPECT_NE(seen.find("Epoch 2/"), std::string::npos) << seen;
+  EXPECT_EQ(wait_exit_status(pid), kError);
+  const std::string e = apps::read_file_bytes(err);
+  EXPECT_EQ(count_lines(e), 1) << e;
+  EXPECT_NE(e.find("train_mnist: error: could not write the output (standard output): Broken pipe"),
+            std::string::npos)
+      << e;
+  const apps::CheckpointFile saved = apps::read_checkpoint(dir.file("run.ckpt"));
+  EXPECT_GE(saved.contents.meta.epoch, 1);
+  EXPECT_TRUE(temp_files_in(dir).empty()) << temp_files_in(dir)[0];
 }
 
 // A checkpoint with a valid checksum but settings the flags would never allow (crafted, or
