@@ -37,8 +37,10 @@ Shape Dense::output_shape(const Shape& in) const {
 
 namespace {
 // Rows per thread below which a GEMM stays on one thread: a hand-off costs a few
-// microseconds, about what 64k multiply-adds take.
-std::int64_t row_grain(std::int64_t work_per_row) { return std::max<std::int64_t>(1, 65536 / work_per_row); }
+// microseconds, about what 64k multiply-adds take. An empty batch has no work per row.
+std::int64_t row_grain(std::int64_t work_per_row) {
+  return std::max<std::int64_t>(1, 65536 / std::max<std::int64_t>(1, work_per_row));
+}
 }  // namespace
 
 // With units a multiple of the vector width the dense layer runs on the convolution's register-tiled

@@ -563,6 +563,39 @@ TEST_P(LayerCpu, DenseOddShapes) {
   check_dense(3, 5, 17, false, 72);  // more threads' worth of rows than samples
 }
 
+// A batch of 0 samples, as PyTorch takes it: an empty output, an empty input gradient and
+// no change to the parameters' gradients, on every CPU path of each layer (the Eigen
+// backward of Dense divided by the batch size to size its threads' work).
+TEST_P(LayerCpu, EmptyBatchGivesEmptyResultsAndNoGradient) {
+  mf::Rng rng(75);
+  std::vector<std::unique_ptr<mf::Layer>> layers;
+  std::vector<Shape> inputs;
+  for (std::int64_t units : {10, 16}) {  // Eigen, and the register tiles
+    layers.push_back(std::make_unique<mf::Dense>(16, units, Activation::kRelu, rng));
+    inputs.push_back(Shape{0, 16});
+  }
+  for (std::int64_t filters : {5, 32}) {  // im2col or direct, and implicit GEMM
+    for (std::int64_t channels : {1, 3}) {
+      layers.push_back(std::make_unique<mf::Conv2D>(channels, filters, 3, Activation::kRelu, rng));
+      inputs.push_back(Shape{0, 6, 6, channels});
+    }
+  }
+  layers.push_back(std::make_unique<mf::MaxPool2D>());
+  inputs.push_back(Shape{0, 6, 6, 3});
+  layers.push_back(std::make_unique<mf::Flatten>());
+  inputs.push_back(Shape{0, 6, 6, 3});
+  for (std::size_t i = 0; i < layers.size(); ++i) {
+    mf::Layer& layer = *layers[i];
+    SCOPED_TRACE(layer.type() + " input " + inputs[i].str());
+    const Tensor y = layer.forward(Tensor::zeros(inputs[i])).clone();
+    EXPECT_EQ(y.shape(), layer.output_shape(inputs[i]));
+    const Tensor& dx = layer.backward(Tensor::zeros(y.shape()));
+    EXPECT_EQ(dx.shape(), inputs[i]);
+    for (mf::Parameter* p : layer.parameters())
+      for (float g : p->grad.to_vector()) ASSERT_EQ(g, 0.0f) << p->name;
+  }
+}
+
 TEST_P(LayerCpu, DenseGradientsAccumulateAndInputGradientCanBeOff) {
   mf::Rng rng(73);
   mf::Dense dense(20, 6, Activation::kRelu, rng);
