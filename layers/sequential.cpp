@@ -2,6 +2,7 @@
 #include "layers/sequential.h"
 
 #include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -51,21 +52,49 @@ Sequential Sequential::mnist_cnn(Rng& rng, std::int64_t height, std::int64_t wid
                                  std::int64_t classes) {
   Sequential m;
   m.set_input_shape(Shape{height, width, channels});
-  m.add(std::make_unique<Conv2D>(channels, 32, 3, Activation::kRelu, rng)).set_name("conv2d");
-  m.add(std::make_unique<MaxPool2D>()).set_name("max_pooling2d");
-  m.add(std::make_unique<Conv2D>(32, 64, 3, Activation::kRelu, rng)).set_name("conv2d_1");
-  m.add(std::make_unique<MaxPool2D>()).set_name("max_pooling2d_1");
-  m.add(std::make_unique<Flatten>()).set_name("flatten");
+  // add() names them as Keras does: conv2d, max_pooling2d, conv2d_1, ..., dense, dense_1.
+  m.add(std::make_unique<Conv2D>(channels, 32, 3, Activation::kRelu, rng));
+  m.add(std::make_unique<MaxPool2D>());
+  m.add(std::make_unique<Conv2D>(32, 64, 3, Activation::kRelu, rng));
+  m.add(std::make_unique<MaxPool2D>());
+  m.add(std::make_unique<Flatten>());
   Shape flat = m.batch_shape(1);
   for (const auto& l : m.layers_) flat = l->output_shape(flat);  // (1, 5*5*64) for 28x28 inputs
-  m.add(std::make_unique<Dense>(flat[1], 64, Activation::kRelu, rng)).set_name("dense");
-  m.add(std::make_unique<Dense>(64, classes, Activation::kNone, rng)).set_name("dense_1");
+  m.add(std::make_unique<Dense>(flat[1], 64, Activation::kRelu, rng));
+  m.add(std::make_unique<Dense>(64, classes, Activation::kNone, rng));
   return m;
 }
+
+namespace {
+// Keras's default name for a layer type: "Conv2D" -> "conv2d", "MaxPooling2D" ->
+// "max_pooling2d" (an underscore before a capital that ends a lowercase run or starts one).
+std::string snake_case(const std::string& type) {
+  std::string out;
+  for (std::size_t i = 0; i < type.size(); ++i) {
+    const unsigned char c = static_cast<unsigned char>(type[i]);
+    const bool starts_word = std::isupper(c) && i > 0 &&
+                             (std::islower(static_cast<unsigned char>(type[i - 1])) ||
+                              (i + 1 < type.size() && std::islower(static_cast<unsigned char>(type[i + 1]))));
+    if (starts_word && out.back() != '_') out += '_';
+    out += static_cast<char>(std::tolower(c));
+  }
+  return out;
+}
+}  // namespace
 
 Layer& Sequential::add(std::unique_ptr<Layer> layer) {
   if (!layer) throw std::invalid_argument("Sequential::add: the layer is null");
   if (optimizer_) throw std::logic_error("Sequential::add after compile()");
+  if (layer->name().empty()) {
+    // Unnamed layers would all save their weights as "/kernel" and "/bias".
+    const std::string base = snake_case(layer->type());
+    const auto taken = [&](const std::string& name) {
+      return std::any_of(layers_.begin(), layers_.end(), [&](const auto& l) { return l->name() == name; });
+    };
+    std::string name = base;
+    for (int k = 1; taken(name); ++k) name = base + "_" + std::to_string(k);
+    layer->set_name(name);
+  }
   layer->to(device_);
   if (compute_dtype_ != DType::kF32) layer->set_compute_dtype(compute_dtype_);
   layer->set_needs_input_grad(!layers_.empty());  // nothing upstream of the first layer

@@ -89,6 +89,10 @@ class Sequential {
   static Sequential mnist_cnn(Rng& rng, std::int64_t height = 28, std::int64_t width = 28,
                               std::int64_t channels = 1, std::int64_t classes = 10);
 
+  // Appends a layer. One without a name gets Keras's: its type in snake case, numbered
+  // from the second of a kind on ("conv2d", "max_pooling2d", "conv2d_1"). Numbers count
+  // within this model, not across every model built so far as in a Keras session, so a
+  // model's names (and the keys of its saved weights) do not depend on what came before it.
   Layer& add(std::unique_ptr<Layer> layer);
   const std::vector<std::unique_ptr<Layer>>& layers() const { return layers_; }
   std::vector<Parameter*> parameters();

@@ -200,6 +200,27 @@ TEST(ModelCpu, LayersNamesAndParameterCounts) {
   for (std::size_t i = 1; i < m.layers().size(); ++i) EXPECT_TRUE(m.layers()[i]->needs_input_grad()) << names[i];
 }
 
+// Layers added without a name get Keras's (unnamed, they all saved their weights under
+// "/kernel" and "/bias", which a checkpoint refuses as duplicates); a given name is kept
+// and a name already taken is passed over.
+TEST(ModelCpu, AddNamesUnnamedLayersAsKerasDoes) {
+  mf::Rng rng(0);
+  Sequential m;
+  m.set_input_shape(Shape{8, 8, 1});
+  m.add(std::make_unique<mf::Conv2D>(1, 4, 3, mf::Activation::kRelu, rng));
+  m.add(std::make_unique<mf::Conv2D>(4, 4, 3, mf::Activation::kRelu, rng));
+  auto named = std::make_unique<mf::Flatten>();
+  named->set_name("to_vector");
+  m.add(std::move(named));
+  m.add(std::make_unique<mf::Dense>(64, 8, mf::Activation::kRelu, rng)).set_name("dense_1");
+  m.add(std::make_unique<mf::Dense>(8, 8, mf::Activation::kRelu, rng));
+  m.add(std::make_unique<mf::Dense>(8, 3, mf::Activation::kNone, rng));
+  const std::vector<std::string> names = {"conv2d", "conv2d_1", "to_vector", "dense_1", "dense", "dense_2"};
+  ASSERT_EQ(m.layers().size(), names.size());
+  for (std::size_t i = 0; i < names.size(); ++i) EXPECT_EQ(m.layers()[i]->name(), names[i]) << "layer " << i;
+  EXPECT_NE(m.summary().find(" conv2d_1 (Conv2D) "), std::string::npos) << m.summary();
+}
+
 TEST(ModelCpu, SameSeedSameWeightsOtherSeedOther) {
   mf::Rng a(42), b(42), c(43);
   Sequential ma = Sequential::mnist_cnn(a), mb = Sequential::mnist_cnn(b), mc = Sequential::mnist_cnn(c);
