@@ -1,7 +1,11 @@
 // progress.cpp: the Keras-style progress lines of progress.h.
 #include "apps/progress.h"
 
+#include <sys/ioctl.h>
+
+#include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <string>
 
 namespace mf::apps {
@@ -33,6 +37,25 @@ std::string per_step(double seconds, std::int64_t steps) {
 }
 }  // namespace
 
+int terminal_columns(std::FILE* out) {
+  struct winsize ws {};
+  if (::ioctl(fileno(out), TIOCGWINSZ, &ws) == 0 && ws.ws_col > 0) return ws.ws_col;
+  if (const char* c = std::getenv("COLUMNS"); c && *c) {
+    char* end = nullptr;
+    const long v = std::strtol(c, &end, 10);
+    if (*end == '\0' && v > 0 && v <= 100000) return static_cast<int>(v);
+  }
+  return 80;
+}
+
+void ProgressPrinter::end_live_line(std::size_t length, std::size_t columns) {
+  // Spaces over what is left of a longer earlier line: an erase-line escape would need a
+  // terminal that knows it (TERM=dumb shows it as "^[[K").
+  const std::size_t wipe = std::min(last_live_length_, columns);
+  if (length < wipe) std::fprintf(out_, "%*s", static_cast<int>(wipe - length), "");
+  last_live_length_ = length;
+}
+
 void ProgressPrinter::header(int epoch) {
   if (header_for_ == epoch) return;
   header_for_ = epoch;
@@ -45,22 +68,41 @@ void ProgressPrinter::update(const Progress& p) {
   last_ = p;
   if (!live_) return;
   const double eta = p.step > 0 ? p.elapsed_s * static_cast<double>(p.steps - p.step) / static_cast<double>(p.step) : 0;
-  std::fprintf(out_, "\r%lld/%lld %s - ETA: %s - loss: %.4f - accuracy: %.4f\033[K",
-               static_cast<long long>(p.step), static_cast<long long>(p.steps), bar(p.step, p.steps).c_str(),
-               duration(eta).c_str(), p.loss, p.accuracy);
+  char b[256];
+  std::snprintf(b, sizeof b, "%lld/%lld %s - ETA: %s - loss: %.4f - accuracy: %.4f", static_cast<long long>(p.step),
+                static_cast<long long>(p.steps), bar(p.step, p.steps).c_str(), duration(eta).c_str(), p.loss,
+                p.accuracy);
+  // A line wider than the terminal wraps, and '\r' then returns to its last row only: every
+  // update would leave a row behind (the full line is 84 characters, wider than the usual
+  // 80). So it is cut to the width, less one column for terminals that wrap at the last.
+  const std::size_t columns = static_cast<std::size_t>(std::max(1, terminal_columns(out_)) - 1);
+  const std::string line = std::string(b).substr(0, columns);
+  std::fprintf(out_, "\r%s", line.c_str());
+  end_live_line(line.size(), columns);
   std::fflush(out_);
 }
 
 void ProgressPrinter::epoch_end(const EpochLog& e) {
   header(e.epoch);
-  if (live_) std::fputc('\r', out_);
-  std::fprintf(out_, "%lld/%lld %s - %s %s - loss: %.4f - accuracy: %.4f", static_cast<long long>(e.steps),
-               static_cast<long long>(e.steps), bar(1, 1).c_str(), duration(e.train_seconds).c_str(),
-               per_step(e.train_seconds, e.steps).c_str(), e.loss, e.accuracy);
-  if (std::isfinite(e.val_loss)) std::fprintf(out_, " - val_loss: %.4f - val_accuracy: %.4f", e.val_loss, e.val_accuracy);
+  char b[512];
+  int n = std::snprintf(b, sizeof b, "%lld/%lld %s - %s %s - loss: %.4f - accuracy: %.4f",
+                        static_cast<long long>(e.steps), static_cast<long long>(e.steps), bar(1, 1).c_str(),
+                        duration(e.train_seconds).c_str(), per_step(e.train_seconds, e.steps).c_str(), e.loss,
+                        e.accuracy);
+  if (std::isfinite(e.val_loss))
+    n += std::snprintf(b + n, sizeof b - n, " - val_loss: %.4f - val_accuracy: %.4f", e.val_loss, e.val_accuracy);
   if (e.skipped_steps > 0 || e.loss_scale != 1.0)
-    std::fprintf(out_, " - loss_scale: %g - skipped: %lld", e.loss_scale, static_cast<long long>(e.skipped_steps));
-  std::fprintf(out_, "%s\n", live_ ? "\033[K" : "");
+    std::snprintf(b + n, sizeof b - n, " - loss_scale: %g - skipped: %lld", e.loss_scale,
+                  static_cast<long long>(e.skipped_steps));
+  const std::string line = b;
+  if (live_) {  // over the live line; printed whole, as it stays
+    std::fprintf(out_, "\r%s", line.c_str());
+    end_live_line(line.size(), static_cast<std::size_t>(std::max(1, terminal_columns(out_)) - 1));
+    last_live_length_ = 0;
+  } else {
+    std::fputs(line.c_str(), out_);
+  }
+  std::fputc('\n', out_);
   if (e.train_seconds > 0)
     std::fprintf(out_, "  (training %.3f s, %.0f images/s)\n", e.train_seconds,
                  static_cast<double>(e.samples) / e.train_seconds);

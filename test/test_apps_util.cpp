@@ -1,6 +1,6 @@
 // test_apps_util.cpp: the apps' helpers on their own: the number flags' ranges in single
-// precision, the training plot's axes for any values, the metrics JSON's strings, and the
-// output-path check that the apps run before training.
+// precision, the training plot's axes for any values, the metrics JSON's strings, the
+// output-path check that the apps run before training, and the live progress line.
 #include <gtest/gtest.h>
 
 #include <sys/stat.h>
@@ -17,6 +17,7 @@
 #include "apps/atomic_file.h"
 #include "apps/common.h"
 #include "apps/flags.h"
+#include "apps/progress.h"
 #include "layers/sequential.h"
 #include "tensor/rng.h"
 #include "test/test_util.h"
@@ -300,4 +301,52 @@ TEST(OutputPath, ASymlinkIsCheckedInItsTargetsFolder) {
                        " (where the symlink points) does not exist or is not writable");
   EXPECT_THROW(apps::write_bytes_atomic(dir.file("link.ckpt"), "x", 1), std::runtime_error);
   fs::permissions(dir.file("ro"), fs::perms::owner_all);
+}
+
+// The live progress line fits the terminal: a line wider than the window wraps, and each
+// '\r' then returns to its last row only, leaving a row behind per update (the full line is
+// 84 characters, wider than the usual 80 columns). It clears a longer earlier line with
+// spaces, not with an escape sequence that TERM=dumb shows as it is.
+TEST(ProgressPrinter, LiveLineFitsTheTerminalWithoutEscapes) {
+  const char* old = std::getenv("COLUMNS");
+  const std::string saved = old ? old : "";
+  for (const int columns : {1, 40, 80}) {
+    SCOPED_TRACE("COLUMNS=" + std::to_string(columns));
+    ::setenv("COLUMNS", std::to_string(columns).c_str(), 1);  // a file has no window size
+    std::FILE* f = std::tmpfile();
+    ASSERT_NE(f, nullptr);
+    {
+      apps::ProgressPrinter progress(f, /*live=*/true, /*epochs=*/5);
+      progress.update({0, 1, 750, 2.3026, 0.1, 0.01});
+      progress.update({0, 375, 750, 0.2062, 0.9366, 1.5});
+      EpochLog e;
+      e.steps = 750;
+      e.samples = 48000;
+      e.loss = 0.2062, e.accuracy = 0.9366, e.val_loss = 0.0737, e.val_accuracy = 0.9761, e.train_seconds = 3;
+      e.loss_scale = 1.0;
+      progress.epoch_end(e);
+    }
+    std::rewind(f);
+    std::string text;
+    for (int c; (c = std::fgetc(f)) != EOF;) text += static_cast<char>(c);
+    std::fclose(f);
+    EXPECT_EQ(text.find('\033'), std::string::npos) << text;
+    ASSERT_EQ(text.rfind("Epoch 1/5\n\r", 0), 0u) << text;
+    // The live lines: between the header and the epoch's final line.
+    const std::size_t last = text.rfind('\r');
+    std::size_t at = text.find('\r');
+    for (std::size_t next; at < last; at = next) {
+      next = text.find('\r', at + 1);
+      EXPECT_LE(next - at - 1, static_cast<std::size_t>(std::max(columns - 1, 0))) << text.substr(at + 1, next - at - 1);
+    }
+    if (columns > 10) {
+      EXPECT_NE(text.find("\r375/750 ["), std::string::npos) << text;
+    }
+    EXPECT_NE(text.find("750/750 [==============================] - 3s 4ms/step - loss: 0.2062 - accuracy: 0.9366 - "
+                        "val_loss: 0.0737 - val_accuracy: 0.9761\n"),
+              std::string::npos)
+        << text;
+  }
+  if (old) ::setenv("COLUMNS", saved.c_str(), 1);
+  else ::unsetenv("COLUMNS");
 }
