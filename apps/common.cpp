@@ -13,6 +13,7 @@
 #include <fstream>
 #include <sstream>
 #include <stdexcept>
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -131,6 +132,14 @@ std::vector<std::string> data_files_in(const std::string& data_dir) {
   } catch (const data::DataError&) {
     return {};
   }
+}
+
+void reserve_standard_fds() {
+  for (int fd = 0; fd <= 2; ++fd)
+    if (::fcntl(fd, F_GETFD) == -1 && errno == EBADF) {
+      const int got = ::open("/dev/null", O_RDONLY);  // the lowest free number: fd itself
+      if (got > 2) ::close(got);
+    }
 }
 
 int exit_status_after_stdout(const char* program, int status) {

@@ -42,6 +42,12 @@ std::string same_file_among(const std::string& path, const std::vector<std::stri
 // The apps compare their output paths with these, so that no output overwrites the data.
 std::vector<std::string> data_files_in(const std::string& data_dir);
 
+// For the start of main: opens /dev/null, read-only, on each of descriptors 0, 1 and 2 that
+// the program was started without (`2>&-`). Else the next file it opens takes that number,
+// and a message meant for stderr (a signal's note, say) lands inside a checkpoint being
+// saved. Read-only, so that writing there still fails and a closed stdout is still reported.
+void reserve_standard_fds();
+
 // For the end of main: `status`, or 1 with a one-line error when writing standard output
 // failed (a full disk, a closed pipe), which would otherwise lose the results in silence.
 int exit_status_after_stdout(const char* program, int status);

@@ -467,5 +467,6 @@ static int run_main(int argc, char** argv) {
 }
 
 int main(int argc, char** argv) {
+  mf::apps::reserve_standard_fds();
   return mf::apps::exit_status_after_stdout("doctor", run_main(argc, argv));
 }

@@ -499,6 +499,7 @@ static int run_main(int argc, char** argv) {
 }
 
 int main(int argc, char** argv) {
+  mf::apps::reserve_standard_fds();
   std::signal(SIGPIPE, SIG_IGN);  // a closed standard output is an error that stops the run (see should_stop)
   return mf::apps::exit_status_after_stdout("train_mnist", run_main(argc, argv));
 }

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -147,8 +148,9 @@ SavedRun saved_after_one_epoch() {
 }
 
 
-// train_mnist started in the background with `args`; its stderr goes to `err`, its stdout to
-// `out` or, when `out` is empty, into a pipe whose read end is `*read_end`.
+// train_mnist started in the background with `args`; its stderr goes to `err` (closed when
+// `err` is empty), its stdout to `out` or, when `out` is empty, into a pipe whose read end
+// is `*read_end`.
 pid_t start_train_mnist(const std::vector<std::string>& args, const std::string& out, const std::string& err,
                         int* read_end = nullptr) {
   const std::string bin = mf::testing::program_path(MF_TRAIN_MNIST_BIN);
@@ -160,10 +162,11 @@ pid_t start_train_mnist(const std::vector<std::string>& args, const std::string&
   const pid_t pid = ::fork();
   if (pid == 0) {  // the child: only async-signal-safe calls until exec
     const int o = out.empty() ? fds[1] : ::open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    const int e = ::open(err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    const int e = err.empty() ? 2 : ::open(err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
     const int in = ::open("/dev/null", O_RDONLY);
     if (o < 0 || e < 0 || in < 0 || ::dup2(o, 1) < 0 || ::dup2(e, 2) < 0 || ::dup2(in, 0) < 0) ::_exit(126);
     if (out.empty()) ::close(fds[0]);
+    if (err.empty()) ::close(2);
     ::execv(argv[0], argv.data());
     ::_exit(127);
   }
@@ -680,6 +683,48 @@ TEST(TrainMnistCli, ClosedStandardOutputStopsTheRunSavedWithAnError) {
   const apps::CheckpointFile saved = apps::read_checkpoint(dir.file("run.ckpt"));
   EXPECT_GE(saved.contents.meta.epoch, 1);
   EXPECT_TRUE(temp_files_in(dir).empty()) << temp_files_in(dir)[0];
+}
+
+// Started with stderr closed (`2>&-`), train_mnist must not let a file it opens take
+// descriptor 2: the note a signal prints went into the checkpoint being saved there. A FIFO
+// as --save holds the save open (the test reads 64 KiB, then stops reading) while SIGTERM
+// comes, so the stream the test reads is the checkpoint exactly as it was written.
+TEST(TrainMnistCli, WithStderrClosedASignalsNoteStaysOutOfTheCheckpoint) {
+  TempDir dir;
+  write_tiny_mnist(dir);
+  const std::string fifo = dir.file("run.ckpt");
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  const int r = ::open(fifo.c_str(), O_RDONLY | O_NONBLOCK);  // so that the writer's open does not wait
+  ASSERT_GE(r, 0);
+  const pid_t pid = start_train_mnist(long_tiny_run(dir), dir.file("out.txt"), "");
+  ASSERT_GT(pid, 0);
+  std::string stream;
+  char buf[65536];
+  bool signalled = false;
+  for (int idle = 0; idle < 2000;) {
+    const ssize_t n = ::read(r, buf, sizeof buf);
+    if (n > 0) {
+      stream.append(buf, static_cast<std::size_t>(n));
+      if (!signalled && stream.size() >= 65536) {  // the writer now waits on the full pipe
+        std::this_thread::sleep_for(std::chrono::milliseconds(200));
+        ::kill(pid, SIGTERM);
+        std::this_thread::sleep_for(std::chrono::milliseconds(200));
+        signalled = true;
+      }
+      continue;
+    }
+    if (n == 0 && !stream.empty()) break;  // the save closed the FIFO: one checkpoint read
+    ++idle;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ::close(r);
+  ::kill(pid, SIGKILL);  // its next save would wait for a reader
+  ::waitpid(pid, nullptr, 0);
+  EXPECT_TRUE(signalled);
+  EXPECT_EQ(stream.find("SIGTERM"), std::string::npos) << "the signal's note is inside the checkpoint";
+  const std::string copy = dir.file("copy.ckpt");
+  std::ofstream(copy, std::ios::binary) << stream;
+  EXPECT_NO_THROW(apps::read_checkpoint(copy));
 }
 
 // A checkpoint with a valid checksum but settings the flags would never allow (crafted, or
