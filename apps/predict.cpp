@@ -5,6 +5,7 @@
 //   predict --model mnist.ckpt --ascii digit.png        # also show what the model sees
 //   predict --model mnist.ckpt --grid wrong.png         # misclassified test digits, labelled
 #include <algorithm>
+#include <csignal>
 #include <cstdio>
 #include <new>
 #include <numeric>
@@ -201,5 +202,8 @@ static int run_main(int argc, char** argv) {
 
 int main(int argc, char** argv) {
   mf::apps::reserve_standard_fds();
+  // Past the file-size limit (ulimit -f) writing the grid fails with EFBIG and is reported,
+  // its temporary file removed; SIGXFSZ would end predict there without a word.
+  std::signal(SIGXFSZ, SIG_IGN);
   return mf::apps::exit_status_after_stdout("predict", run_main(argc, argv));
 }

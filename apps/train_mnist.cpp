@@ -501,5 +501,8 @@ static int run_main(int argc, char** argv) {
 int main(int argc, char** argv) {
   mf::apps::reserve_standard_fds();
   std::signal(SIGPIPE, SIG_IGN);  // a closed standard output is an error that stops the run (see should_stop)
+  // Past the file-size limit (ulimit -f) a write fails with EFBIG and is reported, its
+  // temporary file removed; SIGXFSZ would end the run there without a word.
+  std::signal(SIGXFSZ, SIG_IGN);
   return mf::apps::exit_status_after_stdout("train_mnist", run_main(argc, argv));
 }

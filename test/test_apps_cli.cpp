@@ -727,6 +727,24 @@ TEST(TrainMnistCli, WithStderrClosedASignalsNoteStaysOutOfTheCheckpoint) {
   EXPECT_NO_THROW(apps::read_checkpoint(copy));
 }
 
+// Past the file-size limit (ulimit -f; about 0.5 or 1 MB here, under the checkpoint's
+// 1.4 MB) a save fails with one line naming the file and the reason, and leaves no
+// temporary file. SIGXFSZ used to end the run in the middle of the write, without a word,
+// leaving run.ckpt.tmp.PID behind.
+TEST(TrainMnistCli, FileSizeLimitIsAnErrorThatLeavesNoTemporaryFile) {
+  TempDir dir;
+  write_tiny_mnist(dir);
+  const RunResult r = run(MF_TRAIN_MNIST_BIN,
+                          "--device cpu --data " + dir.file("") + " --epochs 1 --quiet --save " + dir.file("run.ckpt"),
+                          dir, "ulimit -f 1000");
+  EXPECT_EQ(r.status, kError);
+  EXPECT_EQ(count_lines(r.err), 1) << r.err;
+  EXPECT_NE(r.err.find("train_mnist: error: " + dir.file("run.ckpt") + ": "), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("File too large"), std::string::npos) << r.err;
+  EXPECT_FALSE(fs::exists(dir.file("run.ckpt")));
+  EXPECT_TRUE(temp_files_in(dir).empty()) << temp_files_in(dir)[0];
+}
+
 // A checkpoint with a valid checksum but settings the flags would never allow (crafted, or
 // written by a buggy build) is refused before anything is allocated or trained, naming the
 // file, the key, the value and the range. The data folder does not exist: a setting that

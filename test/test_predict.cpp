@@ -139,9 +139,12 @@ struct RunResult {
   int status;
   std::string out, err;
 };
-RunResult run(const std::string& args, const std::string& dir) {
+// Runs predict with `args` through the shell; `before`, when given, is a shell command run
+// first in the same shell (a ulimit that then applies to predict).
+RunResult run(const std::string& args, const std::string& dir, const std::string& before = "") {
   const std::string out = dir + "/stdout.txt", err = dir + "/stderr.txt";
-  const std::string cmd = mf::testing::program_path(MF_PREDICT_BIN) + " " + args + " > " + out + " 2> " + err;
+  const std::string cmd = (before.empty() ? "" : before + " && ") + mf::testing::program_path(MF_PREDICT_BIN) + " " +
+                          args + " > " + out + " 2> " + err;
   const int st = std::system(cmd.c_str());
   RunResult r{WIFEXITED(st) ? WEXITSTATUS(st) : -1, apps::read_file_bytes(out), apps::read_file_bytes(err)};
   return r;
@@ -485,6 +488,29 @@ TEST(PredictTool, GridOnTheCheckpointAnImageOrTheDataIsRefused) {
   const RunResult r = run(model + "--grid " + dir.file("grid.png"), dir.file(""));
   EXPECT_EQ(r.status, 0) << r.err;
   EXPECT_TRUE(fs::exists(dir.file("grid.png")));
+}
+
+// Past the file-size limit (ulimit -f 1: 512 or 1024 bytes, less than the grid's PNG)
+// writing the grid fails with one line and leaves no temporary file; SIGXFSZ used to end
+// predict in the middle of the write, without a word, leaving grid.png.tmp.PID behind.
+TEST(PredictTool, FileSizeLimitIsAnErrorThatLeavesNoTemporaryFile) {
+  TempDir dir, data;
+  untrained_checkpoint_and_a_one(dir);
+  const std::vector<std::uint8_t> img(20 * 28 * 28, 7), lab(20, 3);
+  data::write_idx(data.file("t10k-images-idx3-ubyte"), {20, 28, 28}, img, false);
+  data::write_idx(data.file("t10k-labels-idx1-ubyte"), {20}, lab, false);
+  data::write_idx(data.file("train-images-idx3-ubyte"), {20, 28, 28}, img, false);
+  data::write_idx(data.file("train-labels-idx1-ubyte"), {20}, lab, false);
+  const RunResult r = run("--model " + dir.file("m.ckpt") + " --data " + data.file("") + " --grid " +
+                              dir.file("grid.png"),
+                          dir.file(""), "ulimit -f 1");
+  EXPECT_EQ(r.status, 1);
+  EXPECT_EQ(lines(r.err), 1) << r.err;
+  EXPECT_NE(r.err.find("predict: error: " + dir.file("grid.png") + ": write failed: File too large"),
+            std::string::npos)
+      << r.err;
+  for (const auto& e : fs::directory_iterator(dir.path()))
+    EXPECT_EQ(e.path().filename().string().find("grid.png"), std::string::npos) << e.path();
 }
 
 TEST(PredictTool, ATrainedModelReadsDrawnDigits) {
