@@ -694,14 +694,14 @@ TEST(TrainMnistCli, WithStderrClosedASignalsNoteStaysOutOfTheCheckpoint) {
   write_tiny_mnist(dir);
   const std::string fifo = dir.file("run.ckpt");
   ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
-  const int r = ::open(fifo.c_str(), O_RDONLY | O_NONBLOCK);  // so that the writer's open does not wait
+  const int r = ::open(fifo.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);  // the writer's open need not wait
   ASSERT_GE(r, 0);
   const pid_t pid = start_train_mnist(long_tiny_run(dir), dir.file("out.txt"), "");
   ASSERT_GT(pid, 0);
   std::string stream;
   char buf[65536];
   bool signalled = false;
-  for (int idle = 0; idle < 2000;) {
+  for (int idle = 0; idle < 6000;) {  // 60 s without data: a failure, not a hang
     const ssize_t n = ::read(r, buf, sizeof buf);
     if (n > 0) {
       stream.append(buf, static_cast<std::size_t>(n));
