@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fcntl.h>
+#include <filesystem>
 #include <stdexcept>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -103,33 +104,62 @@ void write_in_place(const std::string& path, const void* data, std::size_t size)
 
 }  // namespace
 
-void write_bytes_atomic(const std::string& path, const void* data, std::size_t size) {
+OutputTarget output_target(const std::string& path) {
+  auto refuse = [&](const std::string& why) { throw std::runtime_error(path + ": " + why); };
   if (path.empty()) throw std::runtime_error("write: empty file name");
   struct stat st {}, lst {};
   const bool exists = ::stat(path.c_str(), &st) == 0;  // follows symlinks
-  if (exists && S_ISDIR(st.st_mode)) throw std::runtime_error(path + ": is a folder, not a file");
-  if (exists && !S_ISREG(st.st_mode)) return write_in_place(path, data, size);
-  if (::lstat(path.c_str(), &lst) == 0 && S_ISLNK(lst.st_mode)) {
-    // A symlink to a file: the file it points to is replaced, the link stays a link.
-    if (!exists) throw std::runtime_error(path + ": is a symlink to a missing file");
-    char* resolved = ::realpath(path.c_str(), nullptr);
-    if (!resolved) throw std::runtime_error(error_text(path, "cannot resolve the symlink", errno));
-    const std::string target = resolved;
-    std::free(resolved);
-    return write_bytes_atomic(target, data, size);
+  const int stat_err = exists ? 0 : errno;
+  if (exists && S_ISDIR(st.st_mode)) refuse("is a folder, not a file");
+  if (path.back() == '/') refuse("ends in '/': names a folder, not a file");
+  if (exists && !S_ISREG(st.st_mode)) {
+    // A device or a pipe (/dev/stdout, a FIFO) is written in place: the file itself must be
+    // writable, its folder need not be (/dev is not).
+    if (::access(path.c_str(), W_OK) != 0) refuse("is not writable");
+    return {true, path};
   }
+  // A symlink has its target replaced, so the target's folder is the one written to. A
+  // symlink to a missing file is refused: files are not created through links.
+  std::string target = path;
+  if (::lstat(path.c_str(), &lst) == 0 && S_ISLNK(lst.st_mode)) {
+    if (!exists) {
+      std::error_code ec;
+      const std::string to = std::filesystem::read_symlink(path, ec).string();
+      const std::string points = ec ? "" : " (" + to + ")";
+      if (stat_err == ELOOP) refuse("is a symlink loop" + points);
+      if (stat_err != ENOENT && stat_err != ENOTDIR)  // EACCES on the way to the target, say
+        refuse("cannot follow the symlink" + points + ": " + std::strerror(stat_err));
+      refuse("is a symlink to a missing file" + points);
+    }
+    char* resolved = ::realpath(path.c_str(), nullptr);
+    if (!resolved) refuse(std::string("cannot resolve the symlink: ") + std::strerror(errno));
+    target = resolved;
+    std::free(resolved);
+  }
+  const std::string dir = parent_dir(target);
+  const std::string shown = target == path ? dir : dir + " (where the symlink points)";
+  if (::stat(dir.c_str(), &st) == 0 && !S_ISDIR(st.st_mode))  // access() alone passes a file
+    refuse(shown + " is a file, not a folder");
+  if (::access(dir.c_str(), W_OK) != 0) refuse("folder " + shown + " does not exist or is not writable");
+  return {false, target};
+}
+
+void write_bytes_atomic(const std::string& path, const void* data, std::size_t size) {
+  const OutputTarget out = output_target(path);
+  if (out.in_place) return write_in_place(out.file, data, size);
+  const std::string& file = out.file;  // a symlink's target: the link stays a link
   // A fresh file only: O_EXCL fails (EEXIST) on any existing name, a symlink included, so
   // nothing outside this file is ever opened or truncated; O_NOFOLLOW says the same twice.
   // A name that is taken is somebody's: try the next one rather than remove it.
   std::string tmp;
   int fd = -1;
   for (int attempt = 0; attempt < kAtomicTempAttempts && fd < 0; ++attempt) {
-    tmp = atomic_temp_name(path, attempt);
+    tmp = atomic_temp_name(file, attempt);
     fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
-    if (fd < 0 && errno != EEXIST) throw std::runtime_error(error_text(path, "cannot create " + tmp, errno));
+    if (fd < 0 && errno != EEXIST) throw std::runtime_error(error_text(file, "cannot create " + tmp, errno));
   }
   if (fd < 0)
-    throw std::runtime_error(error_text(path, "cannot create a temporary file (" + atomic_temp_name(path, 0) +
+    throw std::runtime_error(error_text(file, "cannot create a temporary file (" + atomic_temp_name(file, 0) +
                                                   " and the next " + std::to_string(kAtomicTempAttempts - 1) +
                                                   " names are taken)",
                                         EEXIST));
@@ -140,23 +170,23 @@ void write_bytes_atomic(const std::string& path, const void* data, std::size_t s
     const int err = errno;
     ::close(fd);
     ::unlink(tmp.c_str());
-    throw std::runtime_error(error_text(path, what, err));
+    throw std::runtime_error(error_text(file, what, err));
   };
   if (!write_all(fd, data, size)) fail("write failed");
   if (::fsync(fd) != 0) fail("fsync failed");
   if (::close(fd) != 0) {
     const int err = errno;
     ::unlink(tmp.c_str());
-    throw std::runtime_error(error_text(path, "close failed", err));
+    throw std::runtime_error(error_text(file, "close failed", err));
   }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+  if (std::rename(tmp.c_str(), file.c_str()) != 0) {
     const int err = errno;
     ::unlink(tmp.c_str());
-    throw std::runtime_error(error_text(path, "cannot rename " + tmp + " into place", err));
+    throw std::runtime_error(error_text(file, "cannot rename " + tmp + " into place", err));
   }
   // The new name must survive a power cut too: flush the folder entry. Failure here is
   // not an error for the caller (the data are in place; some file systems refuse it).
-  const int dfd = ::open(parent_dir(path).c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  const int dfd = ::open(parent_dir(file).c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (dfd >= 0) {
     (void)::fsync(dfd);
     ::close(dfd);

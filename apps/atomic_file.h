@@ -20,6 +20,19 @@ namespace mf::apps {
 // a device or a pipe (/dev/stdout, /dev/null, a FIFO) is written in place, not replaced.
 void write_bytes_atomic(const std::string& path, const void* data, std::size_t size);
 
+// Where a write to `path` goes, judged once for write_bytes_atomic and for the apps' check
+// before any long work (check_output_path): `file` is written in place when it is a device
+// or a pipe (a symlink to one included), else a new file replaces `file`: `path` itself, or
+// the file a symlink points to. Throws std::runtime_error "<path>: <why not>" when no write
+// could go there: a folder (an existing one, or any path ending in '/'), a symlink to a
+// missing file or a loop, a folder to replace the file in that is missing or not writable,
+// a device or pipe that is not writable.
+struct OutputTarget {
+  bool in_place = false;
+  std::string file;
+};
+OutputTarget output_target(const std::string& path);
+
 // For a signal handler that ends the process (train_mnist's second Ctrl-C): removes the
 // temporary file of the write_bytes_atomic in progress, if there is one, so that quitting
 // in the middle of a save leaves neither a damaged file nor a stray "<path>.tmp.<pid>".

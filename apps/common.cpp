@@ -64,48 +64,11 @@ std::string hardware_description(Device device, int gpu_index) {
 
 void check_output_path(const char* flag, const std::string& path) {
   if (path.empty()) return;
-  const std::string what = std::string("--") + flag + " " + path;
-  // The cases write_bytes_atomic (apps/atomic_file.cpp) tells apart, judged as it judges
-  // them, so that what passes here is what the write accepts after the training.
-  struct stat st {}, lst {};
-  const bool exists = ::stat(path.c_str(), &st) == 0;  // follows symlinks
-  const int stat_err = exists ? 0 : errno;
-  if (exists && S_ISDIR(st.st_mode)) throw std::invalid_argument(what + ": is a folder, not a file");
-  if (path.back() == '/') throw std::invalid_argument(what + ": ends in '/': names a folder, not a file");
-  if (exists && !S_ISREG(st.st_mode)) {
-    // A device or a pipe (/dev/stdout, a FIFO) is written in place: the file itself must be
-    // writable, its folder need not be (/dev is not).
-    if (::access(path.c_str(), W_OK) != 0) throw std::invalid_argument(what + ": is not writable");
-    return;
+  try {
+    output_target(path);  // as write_bytes_atomic judges it, so that what passes here is written
+  } catch (const std::runtime_error& e) {
+    throw std::invalid_argument(std::string("--") + flag + " " + path + ": " + without_path(path, e.what()));
   }
-  // A symlink has its target replaced, so the target's folder is the one written to. A
-  // symlink to a missing file is refused by the writer (it does not create files through
-  // links), so it is refused here too, before any training.
-  std::string target = path;
-  if (::lstat(path.c_str(), &lst) == 0 && S_ISLNK(lst.st_mode)) {
-    if (!exists) {
-      std::error_code ec;
-      const std::string to = std::filesystem::read_symlink(path, ec).string();
-      const std::string points = ec ? "" : " (" + to + ")";
-      if (stat_err == ELOOP) throw std::invalid_argument(what + ": is a symlink loop" + points);
-      if (stat_err != ENOENT && stat_err != ENOTDIR)  // EACCES on the way to the target, say
-        throw std::invalid_argument(what + ": cannot follow the symlink" + points + ": " + std::strerror(stat_err));
-      throw std::invalid_argument(what + ": is a symlink to a missing file" + points);
-    }
-    char* resolved = ::realpath(path.c_str(), nullptr);
-    if (!resolved) {
-      const int err = errno;
-      throw std::invalid_argument(what + ": cannot resolve the symlink: " + std::strerror(err));
-    }
-    target = resolved;
-    std::free(resolved);
-  }
-  const std::string dir = parent_dir(target);
-  const std::string shown = target == path ? dir : dir + " (where the symlink points)";
-  if (::stat(dir.c_str(), &st) == 0 && !S_ISDIR(st.st_mode))  // access() alone passes a file
-    throw std::invalid_argument(what + ": " + shown + " is a file, not a folder");
-  if (::access(dir.c_str(), W_OK) != 0)
-    throw std::invalid_argument(what + ": folder " + shown + " does not exist or is not writable");
 }
 
 bool same_file(const std::string& a, const std::string& b) {

@@ -24,10 +24,8 @@ std::string one_line(const std::string& s);
 void write_file_atomic(const std::string& path, const std::string& text);
 
 // Throws std::invalid_argument ("--FLAG PATH: ...") when write_bytes_atomic could not write
-// `path`: it names a folder (an existing one, or any path ending in '/'), it is a symlink to
-// a missing file, or the folder the file would be replaced in (the target's, for a symlink)
-// is missing or not writable; a device or a pipe must itself be writable. The apps call it
-// before any long work; an empty path passes.
+// `path` (output_target in atomic_file.h says when). The apps call it before any long work;
+// an empty path passes.
 void check_output_path(const char* flag, const std::string& path);
 
 // True when `a` and `b` name the same file: the same inode when both exist (hard links and

@@ -225,6 +225,7 @@ TEST(MetricsJson, FileWithANonUtf8PathIsUtf8) {
 // check_output_path runs before training so that a path the save would refuse is refused
 // up front; it must agree with write_bytes_atomic on every kind of path, symlinks included
 // (a symlink to a missing file used to pass, and the save failed after the first epoch).
+// Both judge a path by output_target.
 TEST(OutputPath, RefusedUpFrontExactlyWhenTheWriteWouldFail) {
   TempDir dir;
   const auto p = [&](const std::string& name) { return dir.file(name); };
