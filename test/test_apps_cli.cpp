@@ -47,11 +47,19 @@ struct RunResult {
   std::string out, err;
 };
 
+// `s` in single quotes for the shell, so that a path with spaces (a build folder under
+// "My projects") stays one argument.
+std::string sh_quote(const std::string& s) {
+  std::string q = "'";
+  for (const char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return q + "'";
+}
+
 // Runs `bin args` through the shell; `before`, when given, is a shell command run first in
 // the same shell (a ulimit that then applies to the program).
 RunResult run(const char* bin, const std::string& args, const TempDir& dir, const std::string& before = "") {
   const std::string out = dir.file("stdout.txt"), err = dir.file("stderr.txt");
-  const std::string cmd = (before.empty() ? "" : before + " && ") + mf::testing::program_path(bin) + " " + args +
+  const std::string cmd = (before.empty() ? "" : before + " && ") + sh_quote(mf::testing::program_path(bin)) + " " + args +
                           " > " + out + " 2> " + err + " < /dev/null";
   const int st = std::system(cmd.c_str());
   return {WIFEXITED(st) ? WEXITSTATUS(st) : -1, apps::read_file_bytes(out), apps::read_file_bytes(err)};
@@ -373,7 +381,7 @@ TEST(TrainMnistCli, AutoDevicePicksTheGpuOrSaysWhyNot) {
   const std::string data = mnist_dir();
   if (!fs::exists(data)) GTEST_SKIP() << "no MNIST at " << data;
   TempDir dir;
-  const RunResult r = run(MF_TRAIN_MNIST_BIN, "--data " + data + " --quiet --limit-train 256 --epochs 1", dir);
+  const RunResult r = run(MF_TRAIN_MNIST_BIN, "--data " + sh_quote(data) + " --quiet --limit-train 256 --epochs 1", dir);
   ASSERT_EQ(r.status, 0) << r.err;
   const std::string why = "(--device auto chose the CPU: " + gpu_status().reason + ")";
   if (gpu_available()) {
@@ -480,7 +488,7 @@ TEST(TrainMnistCli, SaveOverAnExistingFileNeedsResumeOrOverwrite) {
   // A real run: --overwrite replaces the checkpoint with the new run's.
   const std::string data = mnist_dir();
   if (!fs::exists(data)) GTEST_SKIP() << "no MNIST at " << data;
-  const std::string common = "--device cpu --data " + data + " --quiet --limit-train 64 --epochs 1 "
+  const std::string common = "--device cpu --data " + sh_quote(data) + " --quiet --limit-train 64 --epochs 1 "
                              "--validation-split 0.02 --save " + ckpt + " --overwrite";
   const RunResult r = run(MF_TRAIN_MNIST_BIN, common, dir);
   ASSERT_EQ(r.status, 0) << r.err;
@@ -521,7 +529,7 @@ TEST(TrainMnistCli, NonFiniteValidationOrTestLossFailsWithoutSaving) {
   TempDir dir;
   const std::string ckpt = dir.file("run.ckpt");
   RunResult r = run(MF_TRAIN_MNIST_BIN,
-                    "--device cpu --data " + data + " --quiet --limit-train 64 --epochs 1 --validation-split 0.02 "
+                    "--device cpu --data " + sh_quote(data) + " --quiet --limit-train 64 --epochs 1 --validation-split 0.02 "
                     "--save " + ckpt,
                     dir);
   ASSERT_EQ(r.status, 0) << r.err;
@@ -540,7 +548,7 @@ TEST(TrainMnistCli, NonFiniteValidationOrTestLossFailsWithoutSaving) {
 
   // Epoch 2 trains, then its validation loss overflows: an error, and the checkpoint unchanged.
   r = run(MF_TRAIN_MNIST_BIN,
-          "--device cpu --data " + data + " --quiet --resume " + ckpt + " --save " + ckpt + " --epochs 2", dir);
+          "--device cpu --data " + sh_quote(data) + " --quiet --resume " + ckpt + " --save " + ckpt + " --epochs 2", dir);
   EXPECT_EQ(r.status, kError);
   EXPECT_EQ(count_lines(r.err), 1) << r.err;
   EXPECT_NE(r.err.find("train_mnist: error: the validation loss became "), std::string::npos) << r.err;
@@ -552,7 +560,7 @@ TEST(TrainMnistCli, NonFiniteValidationOrTestLossFailsWithoutSaving) {
   // Nothing left to train: the test loss overflows; an error, and no metrics written.
   const std::string json = dir.file("m.json");
   r = run(MF_TRAIN_MNIST_BIN,
-          "--device cpu --data " + data + " --quiet --resume " + ckpt + " --epochs 1 --metrics-json " + json, dir);
+          "--device cpu --data " + sh_quote(data) + " --quiet --resume " + ckpt + " --epochs 1 --metrics-json " + json, dir);
   EXPECT_EQ(r.status, kError);
   EXPECT_NE(r.err.find("train_mnist: error: the test loss is "), std::string::npos) << r.err;
   EXPECT_EQ(count_lines(r.err), 2) << "the note that nothing is to train, then the error: " << r.err;
@@ -617,7 +625,7 @@ TEST(TrainMnistCli, FailingToWriteStandardOutputIsAnError) {
   for (const char* bin : programs) {
     SCOPED_TRACE(bin);
     const std::string err = dir.file("err.txt");
-    const int st = std::system((mf::testing::program_path(bin) + " --help > /dev/full 2> " + err).c_str());
+    const int st = std::system((sh_quote(mf::testing::program_path(bin)) + " --help > /dev/full 2> " + err).c_str());
     EXPECT_EQ(WIFEXITED(st) ? WEXITSTATUS(st) : -1, kError);
     const std::string e = apps::read_file_bytes(err);
     EXPECT_EQ(count_lines(e), 1) << e;
@@ -805,7 +813,7 @@ TEST(TrainMnistCli, ResumeWithFewerEpochsKeepsTheSavedEpochCount) {
   if (!fs::exists(data)) GTEST_SKIP() << "no MNIST at " << data;
   TempDir dir;
   const std::string ckpt = dir.file("run.ckpt");
-  const std::string common = "--device cpu --data " + data + " --quiet --save " + ckpt;
+  const std::string common = "--device cpu --data " + sh_quote(data) + " --quiet --save " + ckpt;
   RunResult r = run(MF_TRAIN_MNIST_BIN, common + " --limit-train 640 --epochs 2", dir);
   ASSERT_EQ(r.status, 0) << r.err;
   const apps::CheckpointFile before = apps::read_checkpoint(ckpt);
@@ -839,7 +847,7 @@ TEST(TrainMnistCli, ShortRunWritesMetricsPlotCheckpointAndResumes) {
   if (!fs::exists(data)) GTEST_SKIP() << "no MNIST at " << data;
   TempDir dir;
   const std::string ckpt = dir.file("run.ckpt"), plot = dir.file("run.png"), json = dir.file("run.json");
-  const std::string common = "--device cpu --data " + data + " --quiet --save " + ckpt + " --plot " + plot +
+  const std::string common = "--device cpu --data " + sh_quote(data) + " --quiet --save " + ckpt + " --plot " + plot +
                              " --metrics-json " + json;
   RunResult r = run(MF_TRAIN_MNIST_BIN, common + " --limit-train 1000 --epochs 1 --validation-split 0.02", dir);
   ASSERT_EQ(r.status, 0) << r.err;
@@ -859,7 +867,7 @@ TEST(TrainMnistCli, ShortRunWritesMetricsPlotCheckpointAndResumes) {
   // A flag that contradicts the checkpoint.
   {
     SCOPED_TRACE("resume with another batch size");
-    r = run(MF_TRAIN_MNIST_BIN, "--device cpu --data " + data + " --resume " + ckpt + " --batch-size 32", dir);
+    r = run(MF_TRAIN_MNIST_BIN, "--device cpu --data " + sh_quote(data) + " --resume " + ckpt + " --batch-size 32", dir);
     EXPECT_NE(r.status, 0);
     EXPECT_EQ(count_lines(r.err), 1) << r.err;
     EXPECT_NE(r.err.find("--batch-size 32 differs from the 64 the run was saved with"), std::string::npos) << r.err;
@@ -880,7 +888,7 @@ TEST(TrainMnistCli, ShortRunWritesMetricsPlotCheckpointAndResumes) {
 
 #if MF_WITH_STB && defined(MF_PREDICT_BIN)
   // The misclassified-digits grid from that checkpoint.
-  r = run(MF_PREDICT_BIN, "--model " + ckpt + " --data " + data + " --grid " + dir.file("grid.png") + " --grid-max 30",
+  r = run(MF_PREDICT_BIN, "--model " + ckpt + " --data " + sh_quote(data) + " --grid " + dir.file("grid.png") + " --grid-max 30",
           dir);
   ASSERT_EQ(r.status, 0) << r.err;
   EXPECT_NE(r.out.find("test images misclassified"), std::string::npos) << r.out;
@@ -899,7 +907,7 @@ TEST(TrainMnistCli, DenseGradSwitchesKernelsAndTrainsAlike) {
   for (int dense = 0; dense < 2; ++dense) {
     const std::string json = dir.file("run" + std::to_string(dense) + ".json");
     const RunResult r = run(MF_TRAIN_MNIST_BIN,
-                            "--device cpu --data " + data + " --quiet --verbose --limit-train 1280 --epochs 1 "
+                            "--device cpu --data " + sh_quote(data) + " --quiet --verbose --limit-train 1280 --epochs 1 "
                             "--validation-split 0.02 --metrics-json " + json + (dense ? " --dense-grad" : ""),
                             dir);
     ASSERT_EQ(r.status, 0) << r.err;

@@ -139,11 +139,19 @@ struct RunResult {
   int status;
   std::string out, err;
 };
+// `s` in single quotes for the shell, so that a path with spaces (a build folder under
+// "My projects") stays one argument.
+std::string sh_quote(const std::string& s) {
+  std::string q = "'";
+  for (const char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return q + "'";
+}
+
 // Runs predict with `args` through the shell; `before`, when given, is a shell command run
 // first in the same shell (a ulimit that then applies to predict).
 RunResult run(const std::string& args, const std::string& dir, const std::string& before = "") {
   const std::string out = dir + "/stdout.txt", err = dir + "/stderr.txt";
-  const std::string cmd = (before.empty() ? "" : before + " && ") + mf::testing::program_path(MF_PREDICT_BIN) + " " +
+  const std::string cmd = (before.empty() ? "" : before + " && ") + sh_quote(mf::testing::program_path(MF_PREDICT_BIN)) + " " +
                           args + " > " + out + " 2> " + err;
   const int st = std::system(cmd.c_str());
   RunResult r{WIFEXITED(st) ? WEXITSTATUS(st) : -1, apps::read_file_bytes(out), apps::read_file_bytes(err)};
