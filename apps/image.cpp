@@ -295,6 +295,11 @@ GrayImage decode_gray_image(const std::uint8_t* bytes, std::size_t size, const s
   std::unique_ptr<stbi_uc, StbiFree> px(stbi_load_from_memory(bytes, len, &w2, &h2, &c2, want));
   if (!px) {
     const std::string why = stb_detail();
+    // stb could not allocate its buffers (a 16-bit RGBA image takes 8 bytes a pixel, and
+    // more while it is inflated): the file is fine, the memory is short.
+    if (why == "outofmem")
+      throw ImageError(name, "out of host memory decoding this " + size_text + " " + kind +
+                                 "; free some memory, or give a smaller image");
     throw ImageError(name, "corrupt or unsupported " + kind +
                                (why.empty() ? " (stb_image gives no reason)" : " (stb_image: " + why + ")"));
   }

@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include <zlib.h>
 
 #include <chrono>
 #include <csignal>
@@ -121,6 +122,41 @@ void write_mnist_too_large_for_1gb(const TempDir& dir) {
   }
   fs::resize_file(images, 16 + std::uintmax_t{n} * 28 * 28);
   data::write_idx(dir.file("train-labels-idx1-ubyte"), {n}, std::vector<std::uint8_t>(n, 3), false);
+}
+
+// A PNG of side x side 16-bit RGBA pixels, all zero: a small file (2.3 MB for side 8192)
+// that stb_image decodes into 8 bytes a pixel, and more while it inflates it.
+void write_blank_rgba16_png(const std::string& path, std::uint32_t side) {
+  auto be32 = [](std::uint32_t v) {
+    const char b[4] = {static_cast<char>(v >> 24), static_cast<char>(v >> 16), static_cast<char>(v >> 8),
+                       static_cast<char>(v)};
+    return std::string(b, 4);
+  };
+  auto chunk = [&](const std::string& type, const std::string& data) {
+    const std::string body = type + data;
+    const auto crc = crc32(0, reinterpret_cast<const Bytef*>(body.data()), static_cast<uInt>(body.size()));
+    return be32(static_cast<std::uint32_t>(data.size())) + body + be32(static_cast<std::uint32_t>(crc));
+  };
+  // IHDR: width, height, bit depth 16, colour type 6 (RGBA), deflate, no filter, no interlace.
+  const std::string ihdr = be32(side) + be32(side) + std::string("\x10\x06\x00\x00\x00", 5);
+  std::vector<unsigned char> row(1 + std::size_t{side} * 8, 0), out(1 << 16);  // filter byte, pixels
+  std::string idat;
+  z_stream z{};
+  deflateInit(&z, Z_BEST_SPEED);
+  for (std::uint32_t y = 0; y <= side; ++y) {
+    const bool last = y == side;
+    z.next_in = row.data();
+    z.avail_in = last ? 0 : static_cast<uInt>(row.size());
+    do {
+      z.next_out = out.data();
+      z.avail_out = static_cast<uInt>(out.size());
+      deflate(&z, last ? Z_FINISH : Z_NO_FLUSH);
+      idat.append(reinterpret_cast<const char*>(out.data()), out.size() - z.avail_out);
+    } while (z.avail_out == 0);
+  }
+  deflateEnd(&z);
+  std::ofstream(path, std::ios::binary) << "\x89PNG\r\n\x1a\n" << chunk("IHDR", ihdr) << chunk("IDAT", idat)
+                                        << chunk("IEND", "");
 }
 
 // A 1 GB address-space limit, for the out-of-memory tests. AddressSanitizer reserves far more
@@ -612,6 +648,13 @@ TEST(TrainMnistCli, OutOfHostMemoryIsOneLineSayingWhatToTry) {
   EXPECT_EQ(p.err, "predict: error: out of host memory while loading the data for --grid and drawing the "
                    "misclassified digits; free some memory, or use a machine with more\n");
   EXPECT_FALSE(fs::exists(dir.file("grid.png")));
+  // An image whose pixels do not fit in memory is named as that, not as a bad file (it read
+  // "corrupt or unsupported PNG (stb_image: outofmem)").
+  write_blank_rgba16_png(dir.file("big.png"), 8192);
+  const RunResult q = run(MF_PREDICT_BIN, "--model " + dir.file("m.ckpt") + " " + dir.file("big.png"), dir, kUlimit1Gb);
+  EXPECT_EQ(q.status, kError);
+  EXPECT_EQ(q.err, "predict: error: " + dir.file("big.png") +
+                       ": out of host memory decoding this 8192x8192 PNG; free some memory, or give a smaller image\n");
 #endif
 }
 
