@@ -205,5 +205,8 @@ int main(int argc, char** argv) {
   // Past the file-size limit (ulimit -f) writing the grid fails with EFBIG and is reported,
   // its temporary file removed; SIGXFSZ would end predict there without a word.
   std::signal(SIGXFSZ, SIG_IGN);
+  // `predict ... | head`: a closed pipe is reported at exit (exit_status_after_stdout) after
+  // --grid is written; SIGPIPE would end predict at its next full buffer, without the grid.
+  std::signal(SIGPIPE, SIG_IGN);
   return mf::apps::exit_status_after_stdout("predict", run_main(argc, argv));
 }

@@ -521,6 +521,31 @@ TEST(PredictTool, FileSizeLimitIsAnErrorThatLeavesNoTemporaryFile) {
     EXPECT_EQ(e.path().filename().string().find("grid.png"), std::string::npos) << e.path();
 }
 
+// `predict --grid g.png ... | head`: the reader leaving is reported at exit, in one line,
+// after the grid is written. SIGPIPE used to end predict at its next full buffer, without
+// a word (status 141) and without the grid. --ascii makes the output (about 100 KB) more
+// than a pipe holds, so predict writes while the reader is gone.
+TEST(PredictTool, ClosedPipeIsReportedAfterTheGridIsWritten) {
+  TempDir dir, data;
+  untrained_checkpoint_and_a_one(dir);
+  const std::vector<std::uint8_t> img(20 * 28 * 28, 7), lab(20, 3);
+  data::write_idx(data.file("t10k-images-idx3-ubyte"), {20, 28, 28}, img, false);
+  data::write_idx(data.file("t10k-labels-idx1-ubyte"), {20}, lab, false);
+  data::write_idx(data.file("train-images-idx3-ubyte"), {20, 28, 28}, img, false);
+  data::write_idx(data.file("train-labels-idx1-ubyte"), {20}, lab, false);
+  std::string images;
+  for (int i = 0; i < 100; ++i) images += " " + dir.file("one.png");
+  const std::string cmd = "{ " + sh_quote(mf::testing::program_path(MF_PREDICT_BIN)) + " --model " +
+                          dir.file("m.ckpt") + " --data " + data.file("") + " --ascii --grid " + dir.file("grid.png") +
+                          images + " 2> " + dir.file("err.txt") + "; echo $? > " + dir.file("status.txt") +
+                          "; } | head -c 1 > /dev/null";
+  ASSERT_EQ(std::system(cmd.c_str()), 0);
+  EXPECT_EQ(apps::read_file_bytes(dir.file("status.txt")), "1\n");
+  const std::string err = apps::read_file_bytes(dir.file("err.txt"));
+  EXPECT_EQ(err, "predict: error: could not write the output (standard output): Broken pipe\n");
+  EXPECT_TRUE(fs::exists(dir.file("grid.png")));
+}
+
 TEST(PredictTool, ATrainedModelReadsDrawnDigits) {
   const std::string data = mnist_dir();
   if (!fs::exists(data)) GTEST_SKIP() << "no MNIST at " << data;
