@@ -77,9 +77,9 @@ extern "C" void on_stop_signal(int sig) {
 
 // sigaction rather than std::signal, whose System V flavour resets the handler after the
 // first signal (the second Ctrl-C would then kill the process without a word).
-void set_stop_signals(void (*handler)(int)) {
+void catch_stop_signals() {
   struct sigaction sa {};
-  sa.sa_handler = handler;
+  sa.sa_handler = on_stop_signal;
   sigemptyset(&sa.sa_mask);
   sa.sa_flags = SA_RESTART;
   for (const int sig : {SIGINT, SIGTERM, SIGHUP}) sigaction(sig, &sa, nullptr);
@@ -130,8 +130,8 @@ static int run_main(int argc, char** argv) {
   apps::Flags flags("train_mnist", "[flags]\n\nTrains the MNIST CNN of the article (Conv32-Pool-Conv64-Pool-Dense64-Dense10)\n"
                                    "with Adam and reports Keras-style progress and the test accuracy.\n"
                                    "Exit status: 0 done; 1 an error in the data, a file, the device or the\n"
-                                   "training; 2 a bad flag; 3 test accuracy below --min-accuracy; 130, 143, 129 stopped\n"
-                                   "by Ctrl-C, SIGTERM, SIGHUP (--save has saved the run first).");
+                                   "training; 2 a bad flag; 3 test accuracy below --min-accuracy; 130 stopped by Ctrl-C,\n"
+                                   "143 by SIGTERM, 129 by SIGHUP (with --save, after saving the run).");
   flags.add_string("device", &o.device, "where to train", {"auto", "cpu", "gpu"});
   flags.add_string("data", &o.data_dir, "folder with the four MNIST IDX files (raw or .gz)");
   flags.add_int("epochs", &o.epochs, 1, 1000, "training epochs");
@@ -428,7 +428,7 @@ static int run_main(int argc, char** argv) {
       if (o.verbose && device == Device::kGpu) apps::print_gpu_report(model, o.fp16);
       else if (o.verbose) apps::print_cpu_report(model);
     };
-    set_stop_signals(on_stop_signal);
+    catch_stop_signals();
     // Standard output that cannot be written (`train_mnist | head`, a full disk) stops the run
     // as a signal does, saved; the error is reported at exit. SIGPIPE is ignored (in main) so
     // that a closed pipe is such an error rather than a silent death before the next save.
