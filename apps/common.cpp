@@ -108,9 +108,10 @@ void reserve_standard_fds() {
 int exit_status_after_stdout(const char* program, int status) {
   if (std::fflush(stdout) == 0 && !std::ferror(stdout)) return status;
   const int err = errno;
+  if (status != 0) return status;
   std::fprintf(stderr, "%s: error: could not write the output (standard output): %s\n", program,
                err ? std::strerror(err) : "write error");
-  return status == 0 ? 1 : status;
+  return 1;
 }
 
 std::string one_line(const std::string& s) {

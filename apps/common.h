@@ -48,6 +48,8 @@ void reserve_standard_fds();
 
 // For the end of main: `status`, or 1 with a one-line error when writing standard output
 // failed (a full disk, a closed pipe), which would otherwise lose the results in silence.
+// A program that already failed or was stopped (status not 0) has said why: that stays the
+// one line (Ctrl-C on `train_mnist | tee log` also ends tee, and is no write error).
 int exit_status_after_stdout(const char* program, int status);
 
 // `s` as a JSON string literal, quotes included: '"' and '\\' escaped, control characters

@@ -734,6 +734,18 @@ TEST(TrainMnistCli, ClosedStandardOutputStopsTheRunSavedWithAnError) {
   const apps::CheckpointFile saved = apps::read_checkpoint(dir.file("run.ckpt"));
   EXPECT_GE(saved.contents.meta.epoch, 1);
   EXPECT_TRUE(temp_files_in(dir).empty()) << temp_files_in(dir)[0];
+
+  // The checkpoint itself into that pipe (--save /dev/stdout): the failed save is the one
+  // error line; the standard output failing with it is not a second (it was).
+  std::vector<std::string> args = long_tiny_run(dir);
+  args.back() = "/dev/stdout";
+  const pid_t pid2 = start_train_mnist(args, "", err, &read_end);
+  ASSERT_GT(pid2, 0);
+  EXPECT_GT(::read(read_end, buf, sizeof buf), 0);
+  ::close(read_end);
+  EXPECT_EQ(wait_exit_status(pid2), kError);
+  EXPECT_EQ(apps::read_file_bytes(err),
+            "train_mnist: error: /dev/stdout: cannot save checkpoint: write failed: Broken pipe\n");
 }
 
 // Started with stderr closed (`2>&-`), train_mnist must not let a file it opens take
