@@ -1,6 +1,7 @@
 // test_apps_cli.cpp: train_mnist from the command line: every bad flag or input exits with
 // its documented status (2 for a flag, 1 for the rest) and exactly one line on stderr naming
-// the problem; a short real run writes its metrics, plot and checkpoint, and resumes from it.
+// the problem; a short real run writes its metrics, plot and checkpoint, and resumes from it;
+// a signal or a closed output stops a run with its checkpoint saved whole.
 #include <gtest/gtest.h>
 
 #include <fcntl.h>
