@@ -7,6 +7,7 @@
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <system_error>
 #include <utility>
 
 #if defined(__linux__)
@@ -44,10 +45,23 @@ void flush_denormals() {
 }
 
 ThreadPool::ThreadPool(int num_threads) : num_threads_(std::max(1, num_threads)) {
-  for (int i = 1; i < num_threads_; ++i) workers_.emplace_back([this, i] { worker(i); });
+  workers_.reserve(static_cast<std::size_t>(num_threads_ - 1));
+  try {
+    for (int i = 1; i < num_threads_; ++i) workers_.emplace_back([this, i] { worker(i); });
+  } catch (const std::system_error& e) {
+    // The system gave no more threads (a process or memory limit). The ones started are
+    // waiting on cv_: they must be stopped and joined before this object is unwound, or
+    // the condition variable's destruction waits for them forever.
+    const std::size_t started = workers_.size() + 1;  // the caller's thread is thread 0
+    stop_workers();
+    throw std::runtime_error("thread pool: could not start thread " + std::to_string(started + 1) + " of " +
+                             std::to_string(num_threads_) + " (" + e.what() + "); use fewer threads");
+  }
 }
 
-ThreadPool::~ThreadPool() {
+ThreadPool::~ThreadPool() { stop_workers(); }
+
+void ThreadPool::stop_workers() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     stop_.store(true);

@@ -24,6 +24,8 @@ namespace mf {
 
 class ThreadPool {
  public:
+  // num_threads < 1 means 1. Throws std::runtime_error when the system cannot start that
+  // many threads (a process or memory limit).
   explicit ThreadPool(int num_threads);
   ~ThreadPool();
   ThreadPool(const ThreadPool&) = delete;
@@ -43,6 +45,7 @@ class ThreadPool {
 
  private:
   void worker(int index);
+  void stop_workers();  // wakes the workers to return and joins them
   void dispatch(int tasks, const std::function<void(int)>& task);
   void run_task(int index);  // (*task_)(index), keeping its exception for dispatch
 
@@ -67,7 +70,8 @@ int available_cpus();
 // The process's CPU pool, sized by set_num_threads (default: available_cpus()).
 ThreadPool& cpu_pool();
 void set_num_threads(int n);  // re-creates the pool; call before training starts, never while
-                              // another thread uses the pool
+                              // another thread uses the pool. When the threads cannot be
+                              // started, throws (ThreadPool's error) and keeps the old pool
 int num_threads();
 
 }  // namespace mf

@@ -7,6 +7,8 @@
 #include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <mutex>
@@ -19,6 +21,8 @@
 
 #if defined(__linux__)
 #include <sched.h>
+#include <sys/resource.h>
+#include <unistd.h>
 #endif
 
 #include "kernels/errors.h"
@@ -621,6 +625,35 @@ TEST(ThreadPool, ZeroThreadsMeansOne) {
     EXPECT_EQ(t, 0);
   });
   EXPECT_EQ(calls, 1);
+}
+
+// In a child process: limits the address space to what it uses plus 32 MiB, room for a
+// few thread stacks only, then asks for a pool of 1024 threads. Exits 0 when that throws
+// std::runtime_error (printing its message), 2 when it does not, 3 when the limit cannot be set.
+void start_pool_under_address_limit() {
+  alarm(20);  // a hang ends the child by SIGALRM
+  long pages = 0;
+  if (std::FILE* f = std::fopen("/proc/self/statm", "r")) {
+    if (std::fscanf(f, "%ld", &pages) != 1) pages = 0;
+    std::fclose(f);
+  }
+  const rlim_t limit = static_cast<rlim_t>(pages) * static_cast<rlim_t>(sysconf(_SC_PAGESIZE)) + (32u << 20);
+  const rlimit r{limit, limit};
+  if (pages == 0 || setrlimit(RLIMIT_AS, &r) != 0) std::_Exit(3);
+  try {
+    mf::ThreadPool pool(1024);  // 1024 stacks of at least 2 MiB each
+    std::_Exit(2);
+  } catch (const std::runtime_error& e) {
+    std::fprintf(stderr, "%s\n", e.what());
+    std::_Exit(0);
+  }
+}
+
+// A pool whose threads the system will not all start is an error naming the thread that
+// failed. The threads already started were left waiting on the pool's condition variable,
+// whose destruction then waited for them: the constructor hung.
+TEST(ThreadPoolDeathTest, ThreadsTheSystemCannotStartAreAnError) {
+  EXPECT_EXIT(start_pool_under_address_limit(), ::testing::ExitedWithCode(0), "could not start thread [0-9]+ of 1024");
 }
 
 TEST(ThreadPool, SetNumThreadsValidatesAndResizesTheProcessPool) {
