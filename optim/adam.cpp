@@ -13,11 +13,29 @@
 
 namespace mf {
 
+namespace {
+// A NaN or infinite scale makes every FP16 step a skipped one; a growth interval below 1
+// doubles the scale at every clean step, so that about every other step overflows and is
+// skipped; min above max or a start outside them has no meaning for the clamp.
+void check_scaler(const LossScalerConfig& c) {
+  const bool scales_ok = std::isfinite(c.min_scale) && std::isfinite(c.max_scale) && c.min_scale > 0 &&
+                         c.min_scale <= c.initial_scale && c.initial_scale <= c.max_scale;
+  if (scales_ok && c.growth_interval >= 1) return;
+  std::ostringstream os;
+  os << "Adam: the loss scaler needs finite scales with 0 < min_scale <= initial_scale <= max_scale and "
+        "growth_interval >= 1, got initial_scale "
+     << c.initial_scale << ", min_scale " << c.min_scale << ", max_scale " << c.max_scale << ", growth_interval "
+     << c.growth_interval;
+  throw std::invalid_argument(os.str());
+}
+}  // namespace
+
 Adam::Adam(const AdamConfig& config, const LossScalerConfig& scaler) : config_(config), scaler_config_(scaler) {
   check_finite_positive("Adam", "learning rate", config.lr);
   check_finite_positive("Adam", "epsilon", config.eps);
   if (!(config.beta1 >= 0 && config.beta1 < 1) || !(config.beta2 >= 0 && config.beta2 < 1))
     throw std::invalid_argument("Adam: need 0 <= beta1, beta2 < 1");
+  check_scaler(scaler);
 }
 
 void Adam::set_learning_rate(float lr) {

@@ -14,7 +14,9 @@ struct AdamConfig {
 
 class Adam final : public Optimizer {
  public:
-  // Throws std::invalid_argument unless lr and eps are finite and > 0 and 0 <= beta1, beta2 < 1.
+  // Throws std::invalid_argument unless lr and eps are finite and > 0, 0 <= beta1, beta2 < 1,
+  // and the scaler's scales are finite with 0 < min_scale <= initial_scale <= max_scale and
+  // its growth_interval >= 1 (checked in FP32 too: the settings are the optimizer's).
   explicit Adam(const AdamConfig& config = {}, const LossScalerConfig& scaler = {});
   std::string name() const override { return "Adam"; }
   std::string describe() const override;

@@ -203,6 +203,25 @@ TEST(AdamCpu, RejectsBadConfigAndStepBeforeAttach) {
   EXPECT_THROW(mf::Adam(cfg(1e-3f, 1.0f, 0.999f, 1e-7f)), std::invalid_argument);
   EXPECT_THROW(mf::Adam(cfg(1e-3f, 0.9f, 1.0f, 1e-7f)), std::invalid_argument);
   EXPECT_THROW(mf::Adam(cfg(1e-3f, 0.9f, 0.999f, 0)), std::invalid_argument);
+  // The loss scaler's settings (before, a NaN scale skipped every FP16 step and an
+  // interval of 0 doubled the scale at every clean step, until every other step overflowed)
+  auto scaler = [](float initial, float min, float max, std::int32_t interval) {
+    mf::LossScalerConfig c;
+    c.initial_scale = initial, c.min_scale = min, c.max_scale = max, c.growth_interval = interval;
+    return c;
+  };
+  for (const mf::LossScalerConfig& bad :
+       {scaler(NAN, 1, 2, 10), scaler(INFINITY, 1, INFINITY, 10), scaler(0, 0, 2, 10), scaler(1, -1, 2, 10),
+        scaler(4, 1, 2, 10), scaler(1, 2, 4, 10), scaler(2, 4, 1, 10), scaler(2, 1, 4, 0), scaler(2, 1, 4, -5)}) {
+    try {
+      mf::Adam a({}, bad);
+      ADD_FAILURE() << "accepted initial " << bad.initial_scale << ", min " << bad.min_scale << ", max "
+                    << bad.max_scale << ", interval " << bad.growth_interval;
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find("loss scaler"), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_NO_THROW(mf::Adam({}, scaler(1, 1, 1, 1)));
   mf::Adam adam;
   EXPECT_THROW(adam.step(), std::logic_error);
   EXPECT_EQ(adam.iterations(), 0);
