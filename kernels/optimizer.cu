@@ -34,10 +34,9 @@ struct AdamHyper {
 // lr_t = lr * sqrt(1 - beta2^t) / (1 - beta1^t), in double and in the same order as the CPU
 // Adam (optim/adam.cpp), then rounded to float: both give the same float (pow may differ
 // from the host's in the last bits of the double, far below a float's resolution).
-__device__ float adam_lr_t(const AdamHyper& h, std::int32_t t) {
-  const double td = static_cast<double>(t);
-  return static_cast<float>(static_cast<double>(h.lr) * sqrt(1.0 - pow(static_cast<double>(h.beta2), td)) /
-                            (1.0 - pow(static_cast<double>(h.beta1), td)));
+__device__ float adam_lr_t(const AdamHyper& h, double t) {
+  return static_cast<float>(static_cast<double>(h.lr) * sqrt(1.0 - pow(static_cast<double>(h.beta2), t)) /
+                            (1.0 - pow(static_cast<double>(h.beta1), t)));
 }
 
 // One parameter, in f32 and in the CPU loop's order of operations. (nvcc may fuse a
@@ -50,10 +49,11 @@ __device__ __forceinline__ void adam_update(float& w, float& m, float& v, float 
 }
 
 // Block-wide setup shared by the Adam kernels: thread 0 computes lr_t for t = *step + 1
-// (two double pows) once per block rather than once per thread.
+// (two double pows) once per block rather than once per thread. t is a double: at a count
+// of 2^31 - 1, *step + 1 in int32 would overflow.
 __device__ __forceinline__ float block_lr_t(const AdamHyper& h, const std::int32_t* step) {
   __shared__ float lr_t;
-  if (threadIdx.x == 0) lr_t = adam_lr_t(h, *step + 1);
+  if (threadIdx.x == 0) lr_t = adam_lr_t(h, static_cast<double>(*step) + 1.0);
   __syncthreads();
   return lr_t;
 }
@@ -112,9 +112,16 @@ __global__ void sgd_step_kernel(float* __restrict__ w, float* __restrict__ grad,
   }
 }
 
+// The step count moves on, and stops at 2^31 - 1 (where its int32 ends) rather than wrap to
+// a negative count, which would make Adam's bias correction NaN. By then the correction has
+// been 1 for a long time (beta^t underflows to 0 after some 10^5 steps).
+__device__ __forceinline__ void count_step(std::int32_t* step) {
+  if (*step < INT32_MAX) ++*step;
+}
+
 // One thread: the update kernels of this step are done with *step (stream order), so it
 // can move on.
-__global__ void finish_step_kernel(std::int32_t* step) { ++*step; }
+__global__ void finish_step_kernel(std::int32_t* step) { count_step(step); }
 
 // ---- mixed precision ----
 
@@ -197,7 +204,7 @@ __global__ void finish_step_mixed_kernel(std::int32_t* step, LossScaleState* s, 
     s->clean_steps = 0;
     ++s->skipped;
   } else {
-    ++*step;
+    count_step(step);
     if (++s->clean_steps >= growth_interval) {
       s->scale = s->scale * 2 > max_scale ? max_scale : s->scale * 2;
       s->clean_steps = 0;

@@ -28,7 +28,8 @@ class Optimizer {
   // Throws std::invalid_argument unless lr is finite and > 0.
   virtual void set_learning_rate(float lr) = 0;
 
-  // Number of updates applied (reads the device counter: synchronises on the GPU).
+  // Number of updates applied (reads the device counter: synchronises on the GPU). The
+  // counter is 32-bit: it stops at 2^31 - 1, where Adam's bias correction has long been 1.
   virtual std::int64_t iterations() const = 0;
 
   // Mixed precision: the device address of the dynamic loss scale (null in FP32), which

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <sstream>
 #include <stdexcept>
@@ -88,7 +89,7 @@ void Adam::step() {
 
 void Adam::step_cpu() {
   std::int32_t& t_count = step_.data<std::int32_t>()[0];
-  const int t = t_count + 1;
+  const double t = static_cast<double>(t_count) + 1.0;  // in int32 it would overflow at 2^31 - 1
   const float b1 = config_.beta1, b2 = config_.beta2, eps = config_.eps;
   const double lr_t = config_.lr * std::sqrt(1.0 - std::pow(static_cast<double>(b2), t)) /
                       (1.0 - std::pow(static_cast<double>(b1), t));
@@ -110,7 +111,7 @@ void Adam::step_cpu() {
       g[i] = 0.0f;
     }
   }, 1024);
-  t_count = t;
+  if (t_count < INT32_MAX) ++t_count;  // the count stops at its int32's end, as on the GPU
 }
 
 std::int64_t Adam::iterations() const {

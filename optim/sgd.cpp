@@ -1,6 +1,7 @@
 // sgd.cpp: the SGD update on the CPU, or one kernel launch on the GPU.
 #include "optim/sgd.h"
 
+#include <cstdint>
 #include <sstream>
 #include <stdexcept>
 
@@ -53,7 +54,8 @@ void SGD::step() {
     w[i] += vel[i];
     g[i] = 0.0f;
   }
-  ++step_.data<std::int32_t>()[0];
+  std::int32_t& count = step_.data<std::int32_t>()[0];
+  if (count < INT32_MAX) ++count;  // the count stops at its int32's end, as on the GPU
 }
 
 std::int64_t SGD::iterations() const {

@@ -535,6 +535,30 @@ TEST(KernelsGpu, AdamStepMatchesReferenceOverThreeSteps) {
     }
 }
 
+// The device step count stops at 2^31 - 1 (FP32 and mixed precision), and Adam's update
+// there has a bias correction of 1. It used to wrap to -2^31, whose bias correction is NaN.
+TEST(KernelsGpu, StepCountStopsAtInt32Max) {
+  MF_SKIP_WITHOUT_GPU();
+  constexpr std::int32_t kMax = std::numeric_limits<std::int32_t>::max();
+  AdamRef ref;
+  ref.w = {1.0, -1.0}, ref.m = {0.0, 0.0}, ref.v = {0.0, 0.0};
+  const Tensor wd = upload(std::vector<float>{1.0f, -1.0f}), md = upload(std::vector<float>(2));
+  const Tensor vd = upload(std::vector<float>(2)), gd = upload(std::vector<float>{1.0f, -1.0f});
+  const Tensor stepd = upload(std::vector<std::int32_t>{kMax - 1});
+  launch_adam_step(ptr<float>(wd), ptr<float>(gd), ptr<float>(md), ptr<float>(vd), 2, ref.lr, ref.beta1, ref.beta2,
+                   ref.eps, ptr<std::int32_t>(stepd), stream());
+  launch_finish_step(ptr<std::int32_t>(stepd), stream());
+  // the reference at t = 2^31 - 1: beta^t is 0 in double, so lr_t = lr
+  const double lr = ref.lr, move = lr * 0.1 / (std::sqrt(0.001) + static_cast<double>(ref.eps));
+  EXPECT_TRUE(testing::all_close(to_d(download<float>(wd, 2)), {1.0 - move, -1.0 + move}, kAdamW));
+  EXPECT_EQ(download<std::int32_t>(stepd, 1)[0], kMax);
+  launch_finish_step(ptr<std::int32_t>(stepd), stream());
+  EXPECT_EQ(download<std::int32_t>(stepd, 1)[0], kMax) << "FP32 finish at the end of the count";
+  const Tensor stated = upload(std::vector<LossScaleState>{{1024.0f, 0, 0, 0}});
+  launch_finish_step_mixed(ptr<std::int32_t>(stepd), ptr<LossScaleState>(stated), 2000, 1.0f, 65536.0f, stream());
+  EXPECT_EQ(download<std::int32_t>(stepd, 1)[0], kMax) << "mixed-precision finish at the end of the count";
+}
+
 TEST(KernelsGpu, SgdStepMatchesReferenceOverThreeSteps) {
   MF_SKIP_WITHOUT_GPU();
   Rng rng(62);

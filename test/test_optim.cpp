@@ -317,6 +317,33 @@ TEST(Optimizers, IterationsAreExactPast2To24) {
   }
 }
 
+// The step count is an int32 (on the device too): at 2^31 - 1 it stays, and the update goes
+// on with a bias correction of 1. It used to overflow there (undefined; in practice a count
+// of -2^31, whose bias correction is NaN, so every weight became NaN).
+TEST(Optimizers, StepCountStopsAtInt32MaxAndUpdatesStayFinite) {
+  constexpr std::int32_t kMax = std::numeric_limits<std::int32_t>::max();
+  Parameter p = make_param("kernel", {2}, {1.0f, -1.0f});
+  mf::Adam adam;
+  mf::SGD sgd(0.1f);
+  for (mf::Optimizer* opt : std::vector<mf::Optimizer*>{&adam, &sgd}) {
+    SCOPED_TRACE(opt->name());
+    opt->attach({&p});
+    for (auto& [name, t] : opt->state())
+      if (name.find("step") != std::string::npos) t.data<std::int32_t>()[0] = kMax - 1;
+    // The first step from zero moments (Adam: m = 0.1 g, v = 0.001 g^2, bias correction 1)
+    const std::vector<float> w0 = p.value.to_vector();
+    set_grad(p, {1.0f, -1.0f});
+    opt->step();
+    EXPECT_EQ(opt->iterations(), kMax);
+    const double move = opt == &adam ? 1e-3 * 0.1 / (std::sqrt(0.001) + 1e-7) : 0.1;
+    EXPECT_TRUE(near_rel(p.value.to_vector(), {w0[0] - move, w0[1] + move}, 1e-5));
+    set_grad(p, {1.0f, -1.0f});
+    opt->step();
+    EXPECT_EQ(opt->iterations(), kMax);
+    for (float w : p.value.to_vector()) EXPECT_TRUE(std::isfinite(w)) << w;
+  }
+}
+
 TEST(SgdCpu, MomentumStepsWorkedOutByHand) {
   // Keras: velocity = 0.9 velocity - 0.1 g; w += velocity. With g = 1 three times:
   // v = -0.1, -0.19, -0.271; w = 1 - 0.1 - 0.19 - 0.271 = 0.439.
