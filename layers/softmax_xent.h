@@ -11,8 +11,10 @@ constexpr int kStatLossSum = 0, kStatCorrect = 1, kStatCount = 2, kNumStats = 3;
 
 // logits: (N, K) f32 (or f16 on the GPU); labels: (N) i32 in [0, K), same device.
 // Adds the batch's loss sum, correct count and N into `stats` (a (3) f32 tensor).
-// When dlogits is defined, writes d(mean loss)/d logits * grad_scale =
-// (softmax - onehot) * grad_scale / N into it; `scale` (GPU only, may be null) is a
+// When dlogits is not null, writes d(mean loss)/d logits * grad_scale =
+// (softmax - onehot) * grad_scale / N into it: in place when it has the logits' shape,
+// dtype and device already (a slice of a larger tensor too), else into the buffer
+// ensure() makes of it. `scale` (GPU only, may be null) is a
 // device pointer whose value multiplies grad_scale (the dynamic loss scale).
 // A prediction is correct when the label's logit is the largest (first index on ties,
 // NaN logits never win).

@@ -246,8 +246,10 @@ void ensure(Tensor& t, const Shape& shape, DType dtype, Device device) {
   std::size_t need = 0;
   if (__builtin_mul_overflow(static_cast<std::size_t>(shape.numel()), dtype_size(dtype), &need))
     throw std::overflow_error("tensor of shape " + shape.str() + " has more bytes than size_t can count");
+  // Already what is wanted: left as it is, also a view at an offset (a slice passed as the
+  // output of softmax_xent, say), which must be written where it is.
+  if (t.storage_ && t.shape_ == shape && t.dtype_ == dtype && t.device_ == device) return;
   if (t.storage_ && t.device_ == device && t.storage_->bytes() >= need) {
-    if (t.shape_ == shape && t.dtype_ == dtype && t.offset_ == 0) return;
     t.shape_ = shape;
     t.dtype_ = dtype;
     t.offset_ = 0;

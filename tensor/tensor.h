@@ -120,9 +120,10 @@ class Tensor {
   std::size_t offset_ = 0;  // bytes from storage_->data()
 };
 
-// Makes `t` a tensor of this shape, dtype and device, reusing its storage when that is on
-// the same device and large enough (the view then starts at the storage's first byte),
-// and allocating otherwise. Layers keep their outputs and gradients in such buffers, so a
+// Makes `t` a tensor of this shape, dtype and device: unchanged when it is one already (a
+// view at an offset stays where it is), else reusing its storage when that is on the same
+// device and large enough (the view then starts at the storage's first byte), and
+// allocating otherwise. Layers keep their outputs and gradients in such buffers, so a
 // training step allocates nothing after the first, a smaller last batch reuses the front
 // of the full batch's buffers, and a captured CUDA graph sees the same addresses at every
 // replay.

@@ -723,6 +723,20 @@ TEST(SoftmaxXentCpu, StatsAccumulateAndGradientIsOptional) {
   EXPECT_EQ(stats.data<float>()[mf::kStatCount], 10.0f);
 }
 
+// A gradient buffer given as a slice of a larger tensor is written where it is. It was
+// moved to the start of its storage, so the gradient landed in the rows before it.
+TEST(SoftmaxXentCpu, GradientIntoASliceStaysInTheSlice) {
+  Tensor all = Tensor::zeros({3, 2});
+  Tensor rows = all.slice(1, 3);
+  const Tensor logits = Tensor::from_vector({2, 2}, {0.0f, 0.0f, 0.0f, 0.0f});
+  Tensor labels = Tensor::zeros({2}, DType::kI32);
+  Tensor stats = Tensor::zeros({mf::kNumStats});
+  mf::softmax_xent(logits, labels, stats, &rows);
+  EXPECT_TRUE(rows.same_buffer(all.slice(1, 3)));
+  // (softmax - onehot) / N with p = 0.5 and label 0: (-0.25, 0.25) per row
+  EXPECT_EQ(all.to_vector(), std::vector<float>({0.0f, 0.0f, -0.25f, 0.25f, -0.25f, 0.25f}));
+}
+
 TEST(SoftmaxXentCpu, TiesPickTheFirstIndex) {
   // rows: max shared by classes 1 and 2
   const Tensor z = Tensor::from_vector({3, 4}, {1, 3, 3, 0, 1, 3, 3, 0, 5, 5, 5, 5});
