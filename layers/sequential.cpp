@@ -118,6 +118,10 @@ std::int64_t Sequential::num_params() {
 void Sequential::set_input_shape(const Shape& sample) { input_shape_ = sample; }
 
 Shape Sequential::batch_shape(std::int64_t n) const {
+  // Without it the first layer was asked about a batch of shape (n,) and its error blamed
+  // the input ("Dense: expected input of shape (batch, 144), got (1,)").
+  if (input_shape_.rank() == 0)
+    throw std::logic_error("Sequential: the model has no input shape; call set_input_shape() first");
   std::vector<std::int64_t> dims{n};
   for (auto d : input_shape_.dims()) dims.push_back(d);
   return Shape(dims);
@@ -131,6 +135,7 @@ Shape Sequential::output_shape(std::int64_t n) const {
 
 std::int64_t Sequential::largest_gpu_batch() const {
   std::int64_t largest = INT64_MAX;
+  if (layers_.empty()) return largest;  // nothing limits it, input shape or not
   Shape s = batch_shape(1);
   for (const auto& l : layers_) {
     largest = std::min(largest, l->largest_gpu_batch(s));

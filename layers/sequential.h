@@ -101,7 +101,9 @@ class Sequential {
   // The sample shape (without batch) the model takes, e.g. (28, 28, 1).
   void set_input_shape(const Shape& sample);
   const Shape& input_shape() const { return input_shape_; }
-  // (n, H, W, C): the input shape of a batch of n.
+  // (n, H, W, C): the input shape of a batch of n. Throws std::logic_error when the model
+  // has no input shape yet, and so do the calls that need it (summary(), architecture(),
+  // output_shape(), fit(), evaluate(), predict()).
   Shape batch_shape(std::int64_t n) const;
   Shape output_shape(std::int64_t n) const;  // the last layer's output for a batch of n
   // The largest batch every layer runs on the GPU: cuDNN's tensors hold at most 2^31 - 1

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <filesystem>
+#include <functional>
 #include <limits>
 #include <memory>
 #include <sstream>
@@ -219,6 +220,24 @@ TEST(ModelCpu, AddNamesUnnamedLayersAsKerasDoes) {
   ASSERT_EQ(m.layers().size(), names.size());
   for (std::size_t i = 0; i < names.size(); ++i) EXPECT_EQ(m.layers()[i]->name(), names[i]) << "layer " << i;
   EXPECT_NE(m.summary().find(" conv2d_1 (Conv2D) "), std::string::npos) << m.summary();
+}
+
+// A model whose input shape was never set says so, as Keras says a model is not built yet;
+// the first layer used to be asked about a batch of shape (1,) and blamed its input.
+TEST(ModelCpu, ShapesOfAModelWithoutAnInputShapeAskForIt) {
+  mf::Rng rng(0);
+  Sequential m;
+  m.add(std::make_unique<mf::Flatten>());
+  m.add(std::make_unique<mf::Dense>(144, 10, mf::Activation::kNone, rng));
+  for (const auto& call : std::vector<std::function<void()>>{[&] { m.summary(); }, [&] { m.architecture(); },
+                                                             [&] { m.output_shape(1); }}) {
+    try {
+      call();
+      ADD_FAILURE() << "no exception";
+    } catch (const std::logic_error& e) {
+      EXPECT_NE(std::string(e.what()).find("no input shape; call set_input_shape()"), std::string::npos) << e.what();
+    }
+  }
 }
 
 TEST(ModelCpu, SameSeedSameWeightsOtherSeedOther) {
