@@ -15,6 +15,10 @@ void check_args(const Tensor& logits, const Tensor& labels, const Tensor& stats)
   if (logits.rank() != 2 || labels.rank() != 1 || labels.dim(0) != logits.dim(0))
     throw std::invalid_argument("softmax_xent: logits " + logits.describe() + " and labels " + labels.describe() +
                                 " do not match");
+  // The GPU kernel reads the logits as f32 or f16 whatever they hold: u8 or i32 logits were
+  // read past their end, into a loss of garbage.
+  if (logits.dtype() != DType::kF32 && !(logits.dtype() == DType::kF16 && logits.is_gpu()))
+    throw std::invalid_argument("softmax_xent: logits must be f32 (or f16 on the GPU), got " + logits.describe());
   if (labels.dtype() != DType::kI32) throw std::invalid_argument("softmax_xent: labels must be i32");
   if (stats.dtype() != DType::kF32 || stats.numel() != kNumStats || stats.device() != logits.device() ||
       labels.device() != logits.device())
@@ -33,7 +37,6 @@ void softmax_xent(const Tensor& logits, const Tensor& labels, Tensor& stats, Ten
                         stats.data<float>(), compute_stream());
     return;
   }
-  if (logits.dtype() != DType::kF32) throw std::invalid_argument("softmax_xent on the CPU takes f32 logits");
   const float* z = logits.data<float>();
   const std::int32_t* y = labels.data<std::int32_t>();
   float* dz = dlogits ? dlogits->data<float>() : nullptr;

@@ -14,6 +14,7 @@
 #include "layers/conv_options.h"
 #include "layers/dense.h"
 #include "layers/maxpool2d.h"
+#include "layers/softmax_xent.h"
 #include "tensor/half.h"
 #include "tensor/rng.h"
 #include "test/test_util.h"
@@ -383,6 +384,24 @@ TEST(LayerGpu, DenseWithoutInputGradientFp32) {
   dense.to(Device::kGpu);
   dense.forward(uniform({4, 20}, -1, 1, rng).to(Device::kGpu));
   EXPECT_FALSE(dense.backward(uniform({4, 8}, -1, 1, rng).to(Device::kGpu)).defined());
+}
+
+// Logits the loss cannot read are refused, naming them: the kernel read u8 or i32 logits as
+// f32, past their end, into a loss of garbage with no error (the CPU refused them already).
+TEST(LayerGpu, SoftmaxXentRefusesLogitsThatAreNotFloats) {
+  MF_SKIP_WITHOUT_GPU();
+  const Tensor labels = Tensor::zeros({2}, DType::kI32, Device::kGpu);
+  Tensor stats = Tensor::zeros({mf::kNumStats}, DType::kF32, Device::kGpu);
+  for (DType bad : {DType::kU8, DType::kI32}) {
+    try {
+      mf::softmax_xent(Tensor::zeros({2, 10}, bad, Device::kGpu), labels, stats, nullptr);
+      ADD_FAILURE() << mf::dtype_name(bad) << " logits accepted";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find(std::string(mf::dtype_name(bad)) + " (2, 10) on gpu"), std::string::npos)
+          << e.what();
+    }
+  }
+  EXPECT_NO_THROW(mf::softmax_xent(Tensor::zeros({2, 10}, DType::kF16, Device::kGpu), labels, stats, nullptr));
 }
 
 }  // namespace
