@@ -70,8 +70,12 @@ const Tensor& Layer::forward(const Tensor& x) {
   const Shape out = output_shape(x.shape());
   if (device_ == Device::kGpu) check_gpu_batch(x.shape());
   if (!output_is_view()) ensure(y_, out, x.dtype(), x.device());
-  if (device_ == Device::kCpu) forward_cpu(x, y_);
-  else forward_gpu(x, y_);
+  // An empty output (a batch of 0) has nothing to compute; cuDNN refuses tensors with a
+  // dimension of 0, so the GPU convolution would fail where the CPU path returns nothing.
+  if (out.numel() > 0 || output_is_view()) {
+    if (device_ == Device::kCpu) forward_cpu(x, y_);
+    else forward_gpu(x, y_);
+  }
   x_ = training_ ? x : Tensor();
   forward_done_ = training_;
   return y_;
@@ -87,6 +91,9 @@ const Tensor& Layer::backward(const Tensor& dy) {
   if (!needs_input_grad_) dx_ = Tensor();
   else if (!output_is_view()) ensure(dx_, x_.shape(), x_.dtype(), x_.device());
   else dx_ = x_;  // marks "wanted"; the view layer replaces it
+  // No gradient to pass back (a batch of 0): dx is empty and the parameters' gradients
+  // get nothing, as forward() computed nothing.
+  if (dy.numel() == 0 && x_.numel() == 0 && !output_is_view()) return dx_;
   if (device_ == Device::kCpu) backward_cpu(dy, dx_);
   else backward_gpu(dy, dx_);
   return dx_;

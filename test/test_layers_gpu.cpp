@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -384,6 +385,34 @@ TEST(LayerGpu, DenseWithoutInputGradientFp32) {
   dense.to(Device::kGpu);
   dense.forward(uniform({4, 20}, -1, 1, rng).to(Device::kGpu));
   EXPECT_FALSE(dense.backward(uniform({4, 8}, -1, 1, rng).to(Device::kGpu)).defined());
+}
+
+// A batch of 0 samples gives empty results on the GPU as on the CPU (test_layers_cpu's
+// EmptyBatchGivesEmptyResultsAndNoGradient), in FP32 and FP16; cuDNN refused the
+// convolution's tensor descriptors with a cryptic CUDNN_STATUS_BAD_PARAM.
+TEST(LayerGpu, EmptyBatchGivesEmptyResultsAndNoGradient) {
+  MF_SKIP_WITHOUT_GPU();
+  ConvOptionsGuard guard;
+  for (DType dtype : {DType::kF32, DType::kF16}) {
+    mf::Rng rng(39);
+    std::vector<std::unique_ptr<mf::Layer>> layers;
+    layers.push_back(std::make_unique<mf::Conv2D>(3, 8, 3, Activation::kRelu, rng));
+    layers.push_back(std::make_unique<mf::MaxPool2D>());
+    layers.push_back(std::make_unique<mf::Dense>(7, 10, Activation::kRelu, rng));
+    const Shape inputs[] = {Shape{0, 6, 6, 3}, Shape{0, 6, 6, 3}, Shape{0, 7}};
+    for (std::size_t i = 0; i < layers.size(); ++i) {
+      mf::Layer& layer = *layers[i];
+      SCOPED_TRACE(layer.type() + " " + mf::dtype_name(dtype));
+      layer.to(Device::kGpu);
+      layer.set_compute_dtype(dtype);
+      const Tensor& y = layer.forward(Tensor::zeros(inputs[i], dtype, Device::kGpu));
+      EXPECT_EQ(y.shape(), layer.output_shape(inputs[i]));
+      const Tensor& dx = layer.backward(Tensor::zeros(y.shape(), dtype, Device::kGpu));
+      EXPECT_EQ(dx.shape(), inputs[i]);
+      for (mf::Parameter* p : layer.parameters())
+        for (float g : to_host(p->grad).to_vector()) ASSERT_EQ(g, 0.0f) << p->name;
+    }
+  }
 }
 
 // Logits the loss cannot read are refused, naming them: the kernel read u8 or i32 logits as
