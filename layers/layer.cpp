@@ -107,6 +107,12 @@ void Layer::backward_gpu(const Tensor&, Tensor&) {
 }
 
 void Layer::to(Device device) {
+  // On the CPU the f16 gradients and weight copies would stay, and the CPU path (f32 only)
+  // failed at its first backward with "tensor holds f16, accessed as f32".
+  if (device == Device::kCpu && compute_dtype_ == DType::kF16)
+    throw std::invalid_argument(type() + (name_.empty() ? "" : " '" + name_ + "'") +
+                                ": computes in FP16, which runs on the GPU only; set_compute_dtype(f32) before "
+                                "moving it to the CPU");
   for (Parameter* p : parameters()) {
     if (p->value.device() != device) p->value = p->value.to(device);
     if (p->grad.defined() && p->grad.device() != device) p->grad = p->grad.to(device);
@@ -120,6 +126,9 @@ void Layer::to(Device device) {
 void Layer::set_compute_dtype(DType dtype) {
   if (dtype != DType::kF32 && dtype != DType::kF16)
     throw std::invalid_argument("compute dtype must be f32 or f16");
+  if (dtype == DType::kF16 && device_ != Device::kGpu)
+    throw std::invalid_argument(type() + (name_.empty() ? "" : " '" + name_ + "'") +
+                                ": FP16 (mixed precision) runs on the GPU only; move the layer there first");
   compute_dtype_ = dtype;
   for (Parameter* p : parameters()) {
     if (dtype == DType::kF16) {

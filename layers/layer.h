@@ -59,11 +59,13 @@ class Layer {
   bool needs_input_grad() const { return needs_input_grad_; }
 
   // Moves parameters (values and gradients) to `device`; activations follow the input.
+  // Throws std::invalid_argument for the CPU while the layer computes in FP16.
   virtual void to(Device device);
   Device device() const { return device_; }
 
   // FP16 compute: makes f16 copies of the weights (parameters' `half`) and f16 gradient
   // buffers on the GPU. The optimizer keeps the f32 masters and refreshes the copies.
+  // Throws std::invalid_argument for f16 on a layer that is not on the GPU.
   virtual void set_compute_dtype(DType dtype);
   DType compute_dtype() const { return compute_dtype_; }
 

@@ -215,6 +215,9 @@ std::string Sequential::summary() const {
 
 void Sequential::to(Device device) {
   if (optimizer_) throw std::logic_error("Sequential::to after compile(): move the model first");
+  if (device == Device::kCpu && compute_dtype_ == DType::kF16)
+    throw std::invalid_argument("Sequential::to(cpu): the model computes in FP16 (mixed precision), which runs on "
+                                "the GPU only; set_compute_dtype(f32) first");
   for (auto& l : layers_) l->to(device);
   device_ = device;
   gpu_.reset();

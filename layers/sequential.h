@@ -117,7 +117,8 @@ class Sequential {
   std::string summary() const;
 
   // Device and precision. FP16 exists on the GPU only (mixed precision: f16 activations
-  // and weight copies, f32 masters in the optimizer).
+  // and weight copies, f32 masters in the optimizer): set_compute_dtype(f16) needs the model
+  // on the GPU, and to(cpu) an f32 model.
   void to(Device device);
   Device device() const { return device_; }
   void set_compute_dtype(DType dtype);

@@ -888,6 +888,18 @@ TEST(LayerChecks, WrongDtypeIsRejected) {
   expect_invalid([&] { dense.backward(Tensor::zeros({3, 2}, DType::kF16)); }, {"f16 (3, 2)", "f32 (3, 2)"});
 }
 
+// FP16 compute is for a layer on the GPU: on the CPU it made f16 gradients that the CPU
+// path (f32 only) failed on at its first backward ("tensor holds f16, accessed as f32").
+TEST(LayerChecks, Fp16ComputeOnTheCpuIsRefused) {
+  mf::Rng rng(102);
+  mf::Dense dense(4, 2, Activation::kNone, rng);
+  dense.set_name("dense");
+  expect_invalid([&] { dense.set_compute_dtype(DType::kF16); }, {"Dense 'dense'", "FP16", "GPU only"});
+  EXPECT_EQ(dense.compute_dtype(), DType::kF32);
+  EXPECT_EQ(dense.weight().grad.dtype(), DType::kF32);
+  EXPECT_FALSE(dense.weight().half.defined());
+}
+
 // A layer's output buffer is resized and overwritten by its next forward, so feeding a layer
 // the tensor its last forward returned (or a slice of it) read the input while writing it:
 // a wrong result with no error. It is refused for every layer that writes its own output;

@@ -15,6 +15,7 @@
 #include "layers/conv_options.h"
 #include "layers/dense.h"
 #include "layers/maxpool2d.h"
+#include "layers/sequential.h"
 #include "layers/softmax_xent.h"
 #include "tensor/half.h"
 #include "tensor/rng.h"
@@ -413,6 +414,33 @@ TEST(LayerGpu, EmptyBatchGivesEmptyResultsAndNoGradient) {
         for (float g : to_host(p->grad).to_vector()) ASSERT_EQ(g, 0.0f) << p->name;
     }
   }
+}
+
+// A layer or model computing in FP16 cannot move to the CPU, whose path is f32 only: its
+// f16 gradients went along, and a fit there failed at the first backward with "tensor holds
+// f16, accessed as f32".
+TEST(LayerGpu, Fp16LayersAndModelsStayOnTheGpu) {
+  MF_SKIP_WITHOUT_GPU();
+  mf::Rng rng(40);
+  mf::Dense dense(4, 2, Activation::kNone, rng);
+  dense.to(Device::kGpu);
+  dense.set_compute_dtype(DType::kF16);
+  EXPECT_THROW(dense.to(Device::kCpu), std::invalid_argument);
+  EXPECT_EQ(dense.device(), Device::kGpu);
+  mf::Sequential m = mf::Sequential::mnist_cnn(rng, 12, 12);
+  m.to(Device::kGpu);
+  m.set_compute_dtype(DType::kF16);
+  try {
+    m.to(Device::kCpu);
+    ADD_FAILURE() << "an FP16 model moved to the CPU";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("set_compute_dtype(f32) first"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(m.device(), Device::kGpu);
+  m.set_compute_dtype(DType::kF32);
+  m.to(Device::kCpu);  // in FP32 it may
+  EXPECT_EQ(m.layers()[0]->device(), Device::kCpu);
+  EXPECT_EQ(m.parameters()[0]->grad.dtype(), DType::kF32);
 }
 
 // Logits the loss cannot read are refused, naming them: the kernel read u8 or i32 logits as
