@@ -291,16 +291,9 @@ History Sequential::fit(const data::Dataset& train, const data::Dataset* validat
   // Every label a class of the model's output, checked before the first step: found at its
   // batch, a bad label stopped training with the weights already changed (in the validation
   // set, after a whole epoch).
-  const Shape out = output_shape(1);
-  const std::int64_t classes = out[out.rank() - 1];
-  for (const data::Dataset* d : {&train, validation}) {
-    if (!d) continue;
-    const auto top = std::max_element(d->labels.begin(), d->labels.end());  // count labels (checked above)
-    if (top != d->labels.end() && *top >= classes)
-      throw std::invalid_argument(std::string("fit: ") + (d == &train ? "training" : "validation") + " label " +
-                                  std::to_string(*top) + " at index " + std::to_string(top - d->labels.begin()) +
-                                  " is not one of the model's " + std::to_string(classes) + " classes");
-  }
+  const std::int64_t classes = loss_classes("fit");
+  check_labels(train, classes, "fit: training");
+  if (validation) check_labels(*validation, classes, "fit: validation");
   // A batch larger than the data is the whole data each step (as in Keras); buffers are
   // sized for what a step can hold, not for the number asked.
   FitOptions o = options;
@@ -380,6 +373,23 @@ History Sequential::fit_cpu(const data::Dataset& train, const data::Dataset* val
   return history;
 }
 
+std::int64_t Sequential::loss_classes(const char* caller) const {
+  const Shape out = output_shape(1);
+  if (out.rank() != 2)
+    throw std::invalid_argument(std::string(caller) + ": the model's output for one image is " + out.str() +
+                                ", not (1, classes): the loss needs one row of class scores per image (end the "
+                                "model with a Flatten then a Dense layer)");
+  return out[1];
+}
+
+void Sequential::check_labels(const data::Dataset& d, std::int64_t classes, const std::string& what) {
+  const auto top = std::max_element(d.labels.begin(), d.labels.end());  // count labels (check_dataset)
+  if (top != d.labels.end() && *top >= classes)
+    throw std::invalid_argument(what + " label " + std::to_string(*top) + " at index " +
+                                std::to_string(top - d.labels.begin()) + " is not one of the model's " +
+                                std::to_string(classes) + " classes");
+}
+
 bool Sequential::finish_epoch(EpochLog& log, bool complete, History& history, const data::Dataset* validation,
                               const FitCallbacks& callbacks) {
   if (!complete) {  // cut short by a stop request: logged, not validated, not counted as done
@@ -403,6 +413,7 @@ EvalResult Sequential::evaluate(const data::Dataset& d, std::int64_t batch_size)
   if (Shape{d.rows, d.cols, 1} != input_shape_)
     throw std::invalid_argument("evaluate: images are " + std::to_string(d.rows) + "x" + std::to_string(d.cols) +
                                 ", the model takes " + input_shape_.str());
+  check_labels(d, loss_classes("evaluate"), "evaluate:");
   if (device_ == Device::kGpu) return evaluate_gpu(d, batch_size);
   InferenceMode inference(*this);
   const std::int64_t bs = std::min(batch_size, std::max<std::int64_t>(1, d.count));

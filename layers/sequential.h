@@ -138,6 +138,8 @@ class Sequential {
 
   History fit(const data::Dataset& train, const data::Dataset* validation, const FitOptions& options,
               const FitCallbacks& callbacks = {});
+  // Loss and accuracy over d. Throws std::invalid_argument, before any batch runs, when the
+  // images do not fit the model, its output is not (N, classes) or a label is not a class.
   EvalResult evaluate(const data::Dataset& d, std::int64_t batch_size = 1000);
   // Class probabilities (N, classes), f32 on the host, for images given as f32 pixels in
   // [0, 1], (N, H, W, C) on the host. Throws std::invalid_argument when x is not a batch of
@@ -155,6 +157,13 @@ class Sequential {
   History fit_gpu(const data::Dataset& train, const data::Dataset* validation, const FitOptions& options,
                   const FitCallbacks& callbacks);
   EvalResult evaluate_gpu(const data::Dataset& d, std::int64_t batch_size);
+  // The number of classes the loss sees: the model's output must be (N, classes), else
+  // std::invalid_argument naming `caller`. The GPU's loss kernel is given the output's
+  // second dimension as the class count and would read any other shape as rows of it.
+  std::int64_t loss_classes(const char* caller) const;
+  // Throws std::invalid_argument, starting with `what`, naming the first largest label of
+  // d that is not below `classes`.
+  static void check_labels(const data::Dataset& d, std::int64_t classes, const std::string& what);
   // Throws the layer's error (Layer::check_gpu_batch) when a batch of n is too large for
   // the GPU: fit's check, before it allocates anything.
   void check_gpu_batch(std::int64_t n) const;

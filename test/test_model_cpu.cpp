@@ -612,6 +612,44 @@ TEST(ModelCpu, EvaluateCountsLossAndAccuracy) {
 
 // ---- fit ------------------------------------------------------------------------------------
 
+// evaluate() and fit() need the model's output to be (N, classes) and every label one of
+// those classes, and say so before any batch runs. On the GPU the loss kernel took the
+// output's second dimension for the class count and read other shapes as rows of it, and
+// bad labels gave a NaN loss; the CPU stopped at the first batch with the loss's own error.
+TEST(ModelCpu, EvaluateAndFitNeedClassScoresAndLabelsAmongThem) {
+  mf::Rng rng(16);
+  Sequential m = Sequential::mnist_cnn(rng);
+  Dataset d = synthetic(12, 28, 28, 17);
+  d.labels[5] = 12;
+  try {
+    m.evaluate(d);
+    ADD_FAILURE() << "a label of 12 passed";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_EQ(std::string(e.what()), "evaluate: label 12 at index 5 is not one of the model's 10 classes");
+  }
+  Sequential conv_only;
+  conv_only.set_input_shape({28, 28, 1});
+  conv_only.add(std::make_unique<mf::Conv2D>(1, 10, 28, mf::Activation::kNone, rng));  // (N, 1, 1, 10)
+  conv_only.compile(std::make_unique<mf::Adam>());
+  const Dataset good = synthetic(12, 28, 28, 18);
+  mf::FitOptions o;
+  o.epochs = 1;
+  for (const auto& [what, call] : std::vector<std::pair<std::string, std::function<void()>>>{
+           {"evaluate", [&] { conv_only.evaluate(good); }}, {"fit", [&] { conv_only.fit(good, nullptr, o); }}}) {
+    try {
+      call();
+      ADD_FAILURE() << what << " of a model whose output is (N, 1, 1, 10) passed";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_EQ(std::string(e.what()).rfind(what + ": the model's output for one image is (1, 1, 1, 10), not (1, "
+                                                    "classes)",
+                                            0),
+                0u)
+          << e.what();
+    }
+  }
+  EXPECT_EQ(conv_only.optimizer()->iterations(), 0);
+}
+
 TEST(ModelCpu, FitRejectsBadArguments) {
   mf::Rng rng(8);
   Sequential m = Sequential::mnist_cnn(rng);

@@ -325,6 +325,23 @@ TEST(TrainGpu, ProgressReportsRunningMeans) {
 
 // ---- evaluation ----------------------------------------------------------------------------
 
+// evaluate() on the GPU refuses what its loss kernel cannot read: a model whose output is
+// not (N, classes) (the kernel took the output's second dimension for the class count and
+// returned a loss of garbage) and labels that are not classes (a NaN loss, no error).
+TEST(TrainGpu, EvaluateRefusesOutputsThatAreNotClassScoresAndBadLabels) {
+  MF_SKIP_WITHOUT_GPU();
+  mf::Rng rng(42);
+  Sequential conv_only;
+  conv_only.set_input_shape({28, 28, 1});
+  conv_only.add(std::make_unique<mf::Conv2D>(1, 10, 28, mf::Activation::kNone, rng));  // (N, 1, 1, 10)
+  conv_only.to(Device::kGpu);
+  EXPECT_THROW(conv_only.evaluate(synthetic(8, 43)), std::invalid_argument);
+  Sequential m = gpu_model(44, DType::kF32);
+  mf::data::Dataset d = synthetic(8, 45);
+  d.labels[3] = 10;
+  EXPECT_THROW(m.evaluate(d), std::invalid_argument);
+}
+
 TEST(TrainGpu, EvaluateMatchesTheCpu) {
   MF_SKIP_WITHOUT_GPU();
   ConvOptionsGuard options(/*find=*/true, /*fma_only=*/true);
