@@ -24,7 +24,7 @@ Conv2D::Conv2D(std::int64_t in_channels, std::int64_t filters, std::int64_t kern
 Shape Conv2D::output_shape(const Shape& in) const {
   check_input(in, {-1, -1, -1, in_channels_});
   if (in[1] < k_ || in[2] < k_)
-    throw std::invalid_argument("Conv2D: input " + in.str() + " is smaller than the " + std::to_string(k_) + "x" +
+    throw std::invalid_argument(label() + ": input " + in.str() + " is smaller than the " + std::to_string(k_) + "x" +
                                 std::to_string(k_) + " kernel");
   return Shape{in[0], in[1] - k_ + 1, in[2] - k_ + 1, filters_};
 }

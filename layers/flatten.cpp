@@ -4,7 +4,7 @@
 namespace mf {
 
 Shape Flatten::output_shape(const Shape& in) const {
-  if (in.rank() < 2) throw std::invalid_argument("Flatten: expected input of rank >= 2, got " + in.str());
+  if (in.rank() < 2) throw std::invalid_argument(label() + ": expected input of rank >= 2, got " + in.str());
   return Shape{in[0], in.sample_numel()};
 }
 

@@ -9,6 +9,8 @@
 
 namespace mf {
 
+std::string Layer::label() const { return type() + (name_.empty() ? "" : " '" + name_ + "'"); }
+
 std::int64_t Layer::num_params() {
   std::int64_t n = 0;
   for (Parameter* p : parameters()) n += p->value.numel();
@@ -23,7 +25,7 @@ void Layer::check_input(const Shape& in, const std::vector<std::int64_t>& expect
     for (std::size_t i = 0; i < expected.size(); ++i)
       want += (i ? ", " : "") + (expected[i] < 0 ? std::string(i == 0 ? "batch" : "any") : std::to_string(expected[i]));
     want += ")";
-    throw std::invalid_argument(type() + (name_.empty() ? "" : " '" + name_ + "'") +
+    throw std::invalid_argument(label() +
                                 ": expected input of shape " + want + ", got " + in.str());
   }
 }
@@ -42,7 +44,7 @@ void Layer::check_gpu_batch(const Shape& in) const {
   const std::int64_t largest = largest_gpu_batch(in), n = in[0];
   const bool input_larger = in.numel() > out.numel();
   throw std::invalid_argument(
-      type() + (name_.empty() ? "" : " '" + name_ + "'") + ": a batch of " + std::to_string(n) + " gives " +
+      label() + ": a batch of " + std::to_string(n) + " gives " +
       (input_larger ? "an input " + in.str() : "an output " + out.str()) + " of " +
       std::to_string(std::max(in.numel(), out.numel())) + " elements, more than the " +
       std::to_string(gpu_max_tensor_elements()) + " the GPU takes in one tensor here (cuDNN's limit); " +
@@ -110,7 +112,7 @@ void Layer::to(Device device) {
   // On the CPU the f16 gradients and weight copies would stay, and the CPU path (f32 only)
   // failed at its first backward with "tensor holds f16, accessed as f32".
   if (device == Device::kCpu && compute_dtype_ == DType::kF16)
-    throw std::invalid_argument(type() + (name_.empty() ? "" : " '" + name_ + "'") +
+    throw std::invalid_argument(label() +
                                 ": computes in FP16, which runs on the GPU only; set_compute_dtype(f32) before "
                                 "moving it to the CPU");
   for (Parameter* p : parameters()) {
@@ -127,7 +129,7 @@ void Layer::set_compute_dtype(DType dtype) {
   if (dtype != DType::kF32 && dtype != DType::kF16)
     throw std::invalid_argument("compute dtype must be f32 or f16");
   if (dtype == DType::kF16 && device_ != Device::kGpu)
-    throw std::invalid_argument(type() + (name_.empty() ? "" : " '" + name_ + "'") +
+    throw std::invalid_argument(label() +
                                 ": FP16 (mixed precision) runs on the GPU only; move the layer there first");
   compute_dtype_ = dtype;
   for (Parameter* p : parameters()) {

@@ -37,6 +37,8 @@ class Layer {
   virtual std::string type() const = 0;  // "Conv2D", as Keras's summary shows it
   const std::string& name() const { return name_; }
   void set_name(std::string name) { name_ = std::move(name); }
+  // "Conv2D 'conv2d_1'" (the type alone while unnamed): how errors name the layer.
+  std::string label() const;
 
   // Output shape for an input of shape `in` (first dimension: batch). Throws
   // std::invalid_argument naming the expected and the given shape when `in` does not fit.

@@ -12,7 +12,7 @@ namespace mf {
 Shape MaxPool2D::output_shape(const Shape& in) const {
   check_input(in, {-1, -1, -1, -1});
   if (in[1] < 2 || in[2] < 2)
-    throw std::invalid_argument("MaxPooling2D: input " + in.str() + " is smaller than the 2x2 window");
+    throw std::invalid_argument(label() + ": input " + in.str() + " is smaller than the 2x2 window");
   return Shape{in[0], in[1] / 2, in[2] / 2, in[3]};
 }
 

@@ -240,6 +240,22 @@ TEST(ModelCpu, ShapesOfAModelWithoutAnInputShapeAskForIt) {
   }
 }
 
+// Images too small for the model: the error names the layer they do not fit (the size
+// checks of Conv2D and MaxPooling2D gave only the type, not which of the model's two).
+TEST(ModelCpu, ImagesTooSmallNameTheLayer) {
+  mf::Rng rng(0);
+  const auto message_for = [&](std::int64_t side) -> std::string {
+    try {
+      Sequential::mnist_cnn(rng, side, side);
+    } catch (const std::invalid_argument& e) {
+      return e.what();
+    }
+    return "(no exception)";
+  };
+  EXPECT_EQ(message_for(6), "Conv2D 'conv2d_1': input (1, 2, 2, 32) is smaller than the 3x3 kernel");
+  EXPECT_EQ(message_for(3), "MaxPooling2D 'max_pooling2d': input (1, 1, 1, 32) is smaller than the 2x2 window");
+}
+
 TEST(ModelCpu, SameSeedSameWeightsOtherSeedOther) {
   mf::Rng a(42), b(42), c(43);
   Sequential ma = Sequential::mnist_cnn(a), mb = Sequential::mnist_cnn(b), mc = Sequential::mnist_cnn(c);
