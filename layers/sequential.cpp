@@ -374,6 +374,7 @@ History Sequential::fit_cpu(const data::Dataset& train, const data::Dataset* val
 }
 
 std::int64_t Sequential::loss_classes(const char* caller) const {
+  if (layers_.empty()) throw std::logic_error(std::string("Sequential::") + caller + " of an empty model");
   const Shape out = output_shape(1);
   if (out.rank() != 2)
     throw std::invalid_argument(std::string(caller) + ": the model's output for one image is " + out.str() +

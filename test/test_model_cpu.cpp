@@ -281,6 +281,13 @@ TEST(ModelCpu, MisuseThrows) {
   EXPECT_THROW(m.to(mf::Device::kCpu), std::logic_error) << "to() after compile";
   Sequential empty;
   EXPECT_THROW(empty.forward(Tensor::zeros({1, 28, 28, 1})), std::logic_error);
+  empty.set_input_shape({28, 28, 1});
+  try {
+    empty.evaluate(synthetic(4, 28, 28, 1));
+    ADD_FAILURE() << "an empty model evaluated";
+  } catch (const std::logic_error& e) {
+    EXPECT_EQ(std::string(e.what()), "Sequential::evaluate of an empty model");
+  }
 }
 
 // A null layer or optimizer is an error, not a crash.
