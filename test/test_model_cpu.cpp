@@ -71,6 +71,15 @@ std::string mnist_dir() {
       GTEST_SKIP() << "MF_MNIST_DIR=" << mnist_dir() << " is not a folder (fetch MNIST first)"; \
   } while (0)
 
+// The article's model, its weights drawn from `seed`, compiled with Adam: the set-up most
+// tests share.
+Sequential compiled_cnn(std::uint64_t seed) {
+  mf::Rng rng(seed);
+  Sequential m = Sequential::mnist_cnn(rng);
+  m.compile(std::make_unique<mf::Adam>());
+  return m;
+}
+
 std::vector<float> all_weights(Sequential& m) {
   std::vector<float> w;
   for (mf::Parameter* p : m.parameters()) {
@@ -324,9 +333,7 @@ TEST(ModelCpu, FailedCompileLeavesTheModelUncompiled) {
 // the optimizer: on the GPU it keeps a reference to it and to its buffers) nor start a
 // second fit. Both are refused, and the outer fit goes on; afterwards both work again.
 TEST(ModelCpu, CompileOrFitFromAFitsCallbackIsRefused) {
-  mf::Rng rng(32);
-  Sequential m = Sequential::mnist_cnn(rng);
-  m.compile(std::make_unique<mf::Adam>());
+  Sequential m = compiled_cnn(32);
   const Dataset d = synthetic(8, 28, 28, 33);
   mf::FitOptions o;
   o.epochs = 2;
@@ -674,9 +681,7 @@ TEST(ModelCpu, EvaluateAndFitNeedClassScoresAndLabelsAmongThem) {
 }
 
 TEST(ModelCpu, FitRejectsBadArguments) {
-  mf::Rng rng(8);
-  Sequential m = Sequential::mnist_cnn(rng);
-  m.compile(std::make_unique<mf::Adam>());
+  Sequential m = compiled_cnn(8);
   const Dataset d = synthetic(16, 28, 28, 9);
   mf::FitOptions o;
   o.epochs = 1;
@@ -711,9 +716,7 @@ TEST(ModelCpu, BatchLargerThanTheDataIsTheWholeData) {
   o.epochs = 2;
   std::vector<float> w[2];
   for (int i = 0; i < 2; ++i) {
-    mf::Rng rng(4);
-    Sequential m = Sequential::mnist_cnn(rng);
-    m.compile(std::make_unique<mf::Adam>());
+    Sequential m = compiled_cnn(4);
     o.batch_size = i == 0 ? 10 : std::int64_t{1} << 40;
     const mf::History h = m.fit(d, nullptr, o);
     ASSERT_EQ(h.epochs.size(), 2u);
@@ -728,9 +731,7 @@ TEST(ModelCpu, BatchLargerThanTheDataIsTheWholeData) {
 // training set or the validation set (found at its batch, it stopped training with the
 // weights already changed; in the validation set, after a whole epoch).
 TEST(ModelCpu, LabelsOutsideTheClassesAreRefusedBeforeTraining) {
-  mf::Rng rng(5);
-  Sequential m = Sequential::mnist_cnn(rng);
-  m.compile(std::make_unique<mf::Adam>());
+  Sequential m = compiled_cnn(5);
   const std::vector<float> before = all_weights(m);
   mf::FitOptions o;
   o.epochs = 1;
@@ -757,9 +758,7 @@ TEST(ModelCpu, LabelsOutsideTheClassesAreRefusedBeforeTraining) {
 // step, in the training set or the validation set (a short validation set was found only
 // after a whole epoch of training), and by evaluate() (a negative count gave zeros).
 TEST(ModelCpu, InconsistentDatasetsAreRefusedBeforeTraining) {
-  mf::Rng rng(37);
-  Sequential m = Sequential::mnist_cnn(rng);
-  m.compile(std::make_unique<mf::Adam>());
+  Sequential m = compiled_cnn(37);
   const std::vector<float> before = all_weights(m);
   mf::FitOptions o;
   o.epochs = 1;
@@ -802,9 +801,7 @@ TEST(ModelCpuDeathTest, ACountWithoutDataIsRefusedAtOnce) {
   EXPECT_EXIT(
       {
         alarm(10);
-        mf::Rng rng(40);
-        Sequential m = Sequential::mnist_cnn(rng);
-        m.compile(std::make_unique<mf::Adam>());
+        Sequential m = compiled_cnn(40);
         Dataset d;
         d.rows = d.cols = 28;
         d.count = INT32_MAX;
@@ -831,9 +828,7 @@ TEST(ModelCpu, PredictThatThrowsLeavesTrainingMode) {
 }
 
 TEST(ModelCpu, FitReportsEpochsAndProgress) {
-  mf::Rng rng(10);
-  Sequential m = Sequential::mnist_cnn(rng);
-  m.compile(std::make_unique<mf::Adam>());
+  Sequential m = compiled_cnn(10);
   const Dataset train = synthetic(70, 28, 28, 11), val = synthetic(20, 28, 28, 12);
   mf::FitOptions o;
   o.epochs = 2;
@@ -889,9 +884,7 @@ TEST(ModelCpu, FitReportsEpochsAndProgress) {
 }
 
 TEST(ModelCpu, ShouldStopInterruptsAfterOneStep) {
-  mf::Rng rng(13);
-  Sequential m = Sequential::mnist_cnn(rng);
-  m.compile(std::make_unique<mf::Adam>());
+  Sequential m = compiled_cnn(13);
   const Dataset train = synthetic(64, 28, 28, 14);
   mf::FitOptions o;
   o.epochs = 3;
@@ -913,9 +906,7 @@ TEST(ModelCpu, ShouldStopInterruptsAfterOneStep) {
 }
 
 TEST(ModelCpu, ShouldStopAtAnEpochsLastStepFinishesThatEpoch) {
-  mf::Rng rng(13);
-  Sequential m = Sequential::mnist_cnn(rng);
-  m.compile(std::make_unique<mf::Adam>());
+  Sequential m = compiled_cnn(13);
   const Dataset train = synthetic(64, 28, 28, 14), val = synthetic(20, 28, 28, 15);
   mf::FitOptions o;
   o.epochs = 3;
@@ -936,9 +927,7 @@ TEST(ModelCpu, ShouldStopAtAnEpochsLastStepFinishesThatEpoch) {
   EXPECT_EQ(m.optimizer()->iterations(), 4);
 
   // One step earlier, the epoch is cut short: logged, not done, not reported.
-  mf::Rng rng2(13);
-  Sequential m2 = Sequential::mnist_cnn(rng2);
-  m2.compile(std::make_unique<mf::Adam>());
+  Sequential m2 = compiled_cnn(13);
   asked = epoch_ends = 0;
   cb.should_stop = [&] { return ++asked == 3; };
   const mf::History h2 = m2.fit(train, &val, o, cb);
@@ -951,9 +940,7 @@ TEST(ModelCpu, ShouldStopAtAnEpochsLastStepFinishesThatEpoch) {
 }
 
 TEST(ModelCpu, InitialEpochResumes) {
-  mf::Rng rng(15);
-  Sequential m = Sequential::mnist_cnn(rng);
-  m.compile(std::make_unique<mf::Adam>());
+  Sequential m = compiled_cnn(15);
   mf::FitOptions o;
   o.epochs = 3;
   o.initial_epoch = 2;
@@ -995,9 +982,7 @@ TEST(ModelCpu, FitIsDeterministicWithTwoThreads) {
   std::vector<float> w[3];
   double loss[3];
   for (int run = 0; run < 3; ++run) {
-    mf::Rng rng(19);
-    Sequential m = Sequential::mnist_cnn(rng);
-    m.compile(std::make_unique<mf::Adam>());
+    Sequential m = compiled_cnn(19);
     mf::FitOptions o;
     o.epochs = 1;
     o.batch_size = 32;  // 7 steps, the last of 8 images
@@ -1019,9 +1004,7 @@ TEST(ModelCpuMnist, ShortTrainingLearns) {
   const mf::data::Mnist mnist = mf::data::load_mnist(mnist_dir());
   const Dataset train = mf::data::subset(mnist.train, 0, 2000);
   const Dataset test = mf::data::subset(mnist.test, 0, 1000);
-  mf::Rng rng(1);
-  Sequential m = Sequential::mnist_cnn(rng);
-  m.compile(std::make_unique<mf::Adam>());
+  Sequential m = compiled_cnn(1);
   const mf::EvalResult before = m.evaluate(test);
   mf::FitOptions o;
   o.epochs = 2;
