@@ -5,7 +5,6 @@
 #include <cctype>
 #include <chrono>
 #include <cmath>
-#include <cstdio>
 #include <limits>
 #include <sstream>
 #include <stdexcept>
@@ -176,7 +175,7 @@ std::string Sequential::summary() const {
   };
   std::vector<Row> rows;
   std::int64_t total = 0;
-  std::size_t name_w = 28;
+  std::size_t name_w = 28, shape_w = 25;  // Keras's widths, wider when a row needs it
   for (const auto& l : layers_) {
     s = l->output_shape(s);
     std::string shape = "(None";
@@ -185,18 +184,21 @@ std::string Sequential::summary() const {
     total += params;
     rows.push_back({l->name() + " (" + l->type() + ")", shape + ")", params});
     name_w = std::max(name_w, rows.back().name.size() + 2);
+    shape_w = std::max(shape_w, rows.back().shape.size() + 2);
   }
-  const int nw = static_cast<int>(name_w);
-  const std::string rule(name_w + 37, '_'), thick(name_w + 37, '=');
+  const std::string rule(name_w + shape_w + 12, '_'), thick(name_w + shape_w + 12, '=');
   std::ostringstream os;
-  char line[256];
+  // One row, columns padded to their widths (any length: a fixed line buffer cut long names).
+  const auto row = [&](const std::string& name, const std::string& shape, const std::string& params) {
+    os << ' ' << name << std::string(name_w - name.size(), ' ') << shape << std::string(shape_w - shape.size(), ' ')
+       << params << '\n';
+  };
   os << "Model: \"sequential\"\n" << rule << "\n";
-  std::snprintf(line, sizeof line, " %-*s%-25s%s\n", nw, "Layer (type)", "Output Shape", "Param #");
-  os << line << thick << "\n";
+  row("Layer (type)", "Output Shape", "Param #");
+  os << thick << "\n";
   for (std::size_t i = 0; i < rows.size(); ++i) {
-    std::snprintf(line, sizeof line, " %-*s%-25s%lld\n", nw, rows[i].name.c_str(), rows[i].shape.c_str(),
-                  static_cast<long long>(rows[i].params));
-    os << line << (i + 1 < rows.size() ? "\n" : "");
+    row(rows[i].name, rows[i].shape, std::to_string(rows[i].params));
+    os << (i + 1 < rows.size() ? "\n" : "");
   }
   os << thick << "\n";
   auto with_commas = [](std::int64_t v) {

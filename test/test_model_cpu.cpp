@@ -155,12 +155,11 @@ TEST(ModelCpu, SummaryIsKerasLayerTable) {
 // Keras lines the columns up: every row's output shape starts where "Output Shape" does,
 // and its parameter count where "Param #" does. (Keras wraps a name too long for its column
 // over two lines rather than pushing the row right.)
-TEST(ModelCpu, SummaryColumnsLineUp) {
-  mf::Rng rng(0);
-  const std::vector<std::string> lines = lines_of(Sequential::mnist_cnn(rng).summary());
+// Every row's output shape and parameter count start in the header's columns; `rows` rows.
+void expect_columns_line_up(const std::string& summary, int rows_wanted) {
   std::size_t shape_col = std::string::npos, param_col = std::string::npos;
   int rows = 0;
-  for (const std::string& line : lines) {
+  for (const std::string& line : lines_of(summary)) {
     if (line.find("Layer (type)") != std::string::npos) {
       shape_col = line.find("Output Shape");
       param_col = line.find("Param #");
@@ -174,7 +173,22 @@ TEST(ModelCpu, SummaryColumnsLineUp) {
     const std::size_t digit = line.find_first_not_of(' ', close + 1);
     EXPECT_EQ(digit, param_col) << "parameter column of: '" << line << "'";
   }
-  EXPECT_EQ(rows, 7);
+  EXPECT_EQ(rows, rows_wanted) << summary;
+}
+
+TEST(ModelCpu, SummaryColumnsLineUp) {
+  mf::Rng rng(0);
+  expect_columns_line_up(Sequential::mnist_cnn(rng).summary(), 7);
+  // A long name and a wide shape widen their columns. Rows went through a 256-byte
+  // buffer: a 300-character name lost the row's shape, count and line break.
+  Sequential m;
+  m.set_input_shape({10000, 10000, 1});
+  m.add(std::make_unique<mf::Conv2D>(1, 1000, 3, mf::Activation::kNone, rng)).set_name(std::string(300, 'c'));
+  m.add(std::make_unique<mf::Flatten>());
+  const std::string summary = m.summary();
+  expect_columns_line_up(summary, 2);
+  EXPECT_NE(summary.find(std::string(300, 'c') + " (Conv2D)  (None, 9998, 9998, 1000)  10000\n"), std::string::npos)
+      << summary;
 }
 
 TEST(ModelCpu, ArchitectureStringIsStable) {
