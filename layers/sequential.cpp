@@ -416,6 +416,9 @@ EvalResult Sequential::evaluate(const data::Dataset& d, std::int64_t batch_size)
   if (Shape{d.rows, d.cols, 1} != input_shape_)
     throw std::invalid_argument("evaluate: images are " + std::to_string(d.rows) + "x" + std::to_string(d.cols) +
                                 ", the model takes " + input_shape_.str());
+  // As in predict(): a model the GPU cannot run even one image through gets its layer's own
+  // error, before its output is looked at.
+  if (device_ == Device::kGpu && !layers_.empty()) check_gpu_batch(1);
   check_labels(d, loss_classes("evaluate"), "evaluate:");
   if (device_ == Device::kGpu) return evaluate_gpu(d, batch_size);
   InferenceMode inference(*this);
