@@ -93,7 +93,8 @@ class Tensor {
   Tensor reshape(const Shape& shape) const;             // same numel
   Tensor slice(std::int64_t begin, std::int64_t end) const;  // rows [begin, end) of dim 0
 
-  // Copies src (same shape and dtype, any devices) into this tensor.
+  // Copies src (same shape and dtype, any devices) into this tensor. src may overlap this
+  // tensor (views of one buffer), on the GPU too, where that costs a temporary and a wait.
   void copy_from(const Tensor& src);
   void copy_from_async(const Tensor& src, GpuStream stream);
   void fill_zero();

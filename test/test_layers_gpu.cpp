@@ -1,6 +1,6 @@
 // test_layers_gpu.cpp: every layer's GPU path against its CPU path on the same weights and
 // inputs: forward, input gradient, and parameter gradients (which must accumulate), in FP32
-// and in FP16. Each layer is built on the CPU, run there, then moved with to(kGpu) and run
+// and in FP16; device tensors' copies between views; the layers' and the loss's checks. Each layer is built on the CPU, run there, then moved with to(kGpu) and run
 // again. Skipped where there is no GPU.
 #include <gtest/gtest.h>
 
@@ -441,6 +441,21 @@ TEST(LayerGpu, Fp16LayersAndModelsStayOnTheGpu) {
   m.to(Device::kCpu);  // in FP32 it may
   EXPECT_EQ(m.layers()[0]->device(), Device::kCpu);
   EXPECT_EQ(m.parameters()[0]->grad.dtype(), DType::kF32);
+}
+
+// Overlapping views of one device buffer copy as memmove would: a device copy has memcpy's
+// contract (overlap is undefined; the emulation refuses it), and copy_from passed such views
+// straight to cudaMemcpyAsync. A copy onto itself changes nothing.
+TEST(TensorGpu, CopyBetweenOverlappingViewsIsAMove) {
+  MF_SKIP_WITHOUT_GPU();
+  const Tensor host = Tensor::from_vector({5, 2}, {0, 1, 2, 3, 4, 5, 6, 7, 8, 9});
+  Tensor t = host.to(Device::kGpu);
+  t.slice(1, 5).copy_from(t.slice(0, 4));  // one row down
+  EXPECT_EQ(to_host(t).to_vector(), std::vector<float>({0, 1, 0, 1, 2, 3, 4, 5, 6, 7}));
+  t.slice(0, 4).copy_from(t.slice(1, 5));  // and back up
+  EXPECT_EQ(to_host(t).to_vector(), std::vector<float>({0, 1, 2, 3, 4, 5, 6, 7, 6, 7}));
+  t.copy_from(t);
+  EXPECT_EQ(to_host(t).to_vector(), std::vector<float>({0, 1, 2, 3, 4, 5, 6, 7, 6, 7}));
 }
 
 // Logits the loss cannot read are refused, naming them: the kernel read u8 or i32 logits as

@@ -134,6 +134,11 @@ int device_range(const void* p, std::size_t bytes) {
 bool copy_allowed(void* dst, const void* src, std::size_t bytes, cudaMemcpyKind kind) {
   const int d = device_range(dst, bytes), s = device_range(src, bytes);
   if (d < 0 || s < 0) return false;  // runs past the end of an allocation
+  // CUDA's copies have memcpy's contract, not memmove's: on the device, ranges that overlap
+  // give undefined results. Refused here, so that such a copy is found.
+  const char* dp = static_cast<const char*>(dst);
+  const char* sp = static_cast<const char*>(src);
+  if (d == 1 && s == 1 && bytes > 0 && dp < sp + bytes && sp < dp + bytes) return false;
   switch (kind) {
     case cudaMemcpyHostToDevice: return d == 1 && s == 0;
     case cudaMemcpyDeviceToHost: return d == 0 && s == 1;
