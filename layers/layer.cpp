@@ -131,6 +131,9 @@ void Layer::set_compute_dtype(DType dtype) {
   if (dtype == DType::kF16 && device_ != Device::kGpu)
     throw std::invalid_argument(label() +
                                 ": FP16 (mixed precision) runs on the GPU only; move the layer there first");
+  // Already so: nothing to remake. Fresh gradient buffers would not be the ones a compiled
+  // model's optimizer reads, and the layer would stop training without a word.
+  if (dtype == compute_dtype_) return;
   compute_dtype_ = dtype;
   for (Parameter* p : parameters()) {
     if (dtype == DType::kF16) {

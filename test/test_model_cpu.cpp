@@ -313,6 +313,23 @@ TEST(ModelCpu, MisuseThrows) {
   }
 }
 
+// Setting a layer to the compute dtype it has changes nothing. It used to make fresh
+// gradient buffers, which after compile() were not the ones the optimizer reads: that
+// layer's weights then stayed as they were through training, with no error.
+TEST(ModelCpu, SettingALayersOwnComputeDtypeKeepsItTraining) {
+  Sequential m = compiled_cnn(34);
+  mf::Layer& dense = *m.layers().back();
+  const Tensor grad_before = dense.parameters()[0]->grad;
+  dense.set_compute_dtype(mf::DType::kF32);
+  EXPECT_TRUE(dense.parameters()[0]->grad.same_buffer(grad_before));
+  const std::vector<float> before = dense.parameters()[0]->value.to_vector();
+  mf::FitOptions o;
+  o.epochs = 1;
+  o.batch_size = 4;
+  m.fit(synthetic(8, 28, 28, 35), nullptr, o);
+  EXPECT_NE(dense.parameters()[0]->value.to_vector(), before) << "the layer trained";
+}
+
 // A null layer or optimizer is an error, not a crash.
 TEST(ModelCpu, NullLayerOrOptimizerIsRefused) {
   Sequential m;
