@@ -302,6 +302,12 @@ TEST(SgdCpu, PlainStepsWorkedOutByHand) {
   EXPECT_EQ(sgd.iterations(), 3);
 }
 
+// Sets an attached optimizer's step count as a checkpoint would (its state's "step" tensor).
+static void set_step_count(mf::Optimizer& opt, std::int32_t count) {
+  for (auto& [name, t] : opt.state())
+    if (name.find("step") != std::string::npos) t.data<std::int32_t>()[0] = count;
+}
+
 // The step count is an i32 on the optimizer's device; read as a float it came back rounded
 // past 2^24 updates (16,777,219 read as 16,777,220), and went so into checkpoints.
 TEST(Optimizers, IterationsAreExactPast2To24) {
@@ -311,8 +317,7 @@ TEST(Optimizers, IterationsAreExactPast2To24) {
   for (mf::Optimizer* opt : std::vector<mf::Optimizer*>{&adam, &sgd}) {
     SCOPED_TRACE(opt->name());
     opt->attach({&p});
-    for (auto& [name, t] : opt->state())
-      if (name.find("step") != std::string::npos) t.data<std::int32_t>()[0] = 16777219;
+    set_step_count(*opt, 16777219);
     EXPECT_EQ(opt->iterations(), 16777219);
   }
 }
@@ -328,8 +333,7 @@ TEST(Optimizers, StepCountStopsAtInt32MaxAndUpdatesStayFinite) {
   for (mf::Optimizer* opt : std::vector<mf::Optimizer*>{&adam, &sgd}) {
     SCOPED_TRACE(opt->name());
     opt->attach({&p});
-    for (auto& [name, t] : opt->state())
-      if (name.find("step") != std::string::npos) t.data<std::int32_t>()[0] = kMax - 1;
+    set_step_count(*opt, kMax - 1);
     // The first step from zero moments (Adam: m = 0.1 g, v = 0.001 g^2, bias correction 1)
     const std::vector<float> w0 = p.value.to_vector();
     set_grad(p, {1.0f, -1.0f});

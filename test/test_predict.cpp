@@ -401,6 +401,15 @@ static void untrained_checkpoint_and_a_one(const TempDir& dir) {
   one().save(dir.file("one.png"));
 }
 
+// A data folder, both sets 20 flat grey 28x28 images labelled 3 (--grid draws the test set).
+static void synthetic_mnist(const TempDir& data) {
+  const std::vector<std::uint8_t> img(20 * 28 * 28, 7), lab(20, 3);
+  data::write_idx(data.file("train-images-idx3-ubyte"), {20, 28, 28}, img, false);
+  data::write_idx(data.file("train-labels-idx1-ubyte"), {20}, lab, false);
+  data::write_idx(data.file("t10k-images-idx3-ubyte"), {20, 28, 28}, img, false);
+  data::write_idx(data.file("t10k-labels-idx1-ubyte"), {20}, lab, false);
+}
+
 TEST(PredictTool, ClassifiesFilesAndReportsEachBadOne) {
   TempDir dir;
   untrained_checkpoint_and_a_one(dir);
@@ -459,11 +468,7 @@ TEST(PredictTool, GridPathThatIsAFolderIsRefusedUpFront) {
 TEST(PredictTool, GridOnTheCheckpointAnImageOrTheDataIsRefused) {
   TempDir dir, data;
   untrained_checkpoint_and_a_one(dir);
-  const std::vector<std::uint8_t> img(20 * 28 * 28, 7), lab(20, 3);
-  data::write_idx(data.file("train-images-idx3-ubyte"), {20, 28, 28}, img, false);
-  data::write_idx(data.file("train-labels-idx1-ubyte"), {20}, lab, false);
-  data::write_idx(data.file("t10k-images-idx3-ubyte"), {20, 28, 28}, img, false);
-  data::write_idx(data.file("t10k-labels-idx1-ubyte"), {20}, lab, false);
+  synthetic_mnist(data);
   fs::create_symlink(dir.file("m.ckpt"), dir.file("link.ckpt"));
   const std::string ckpt = apps::read_file_bytes(dir.file("m.ckpt")), png = apps::read_file_bytes(dir.file("one.png"));
   const std::string labels = apps::read_file_bytes(data.file("t10k-labels-idx1-ubyte"));
@@ -504,11 +509,7 @@ TEST(PredictTool, GridOnTheCheckpointAnImageOrTheDataIsRefused) {
 TEST(PredictTool, FileSizeLimitIsAnErrorThatLeavesNoTemporaryFile) {
   TempDir dir, data;
   untrained_checkpoint_and_a_one(dir);
-  const std::vector<std::uint8_t> img(20 * 28 * 28, 7), lab(20, 3);
-  data::write_idx(data.file("t10k-images-idx3-ubyte"), {20, 28, 28}, img, false);
-  data::write_idx(data.file("t10k-labels-idx1-ubyte"), {20}, lab, false);
-  data::write_idx(data.file("train-images-idx3-ubyte"), {20, 28, 28}, img, false);
-  data::write_idx(data.file("train-labels-idx1-ubyte"), {20}, lab, false);
+  synthetic_mnist(data);
   const RunResult r = run("--model " + dir.file("m.ckpt") + " --data " + data.file("") + " --grid " +
                               dir.file("grid.png"),
                           dir.file(""), "ulimit -f 1");
@@ -528,11 +529,7 @@ TEST(PredictTool, FileSizeLimitIsAnErrorThatLeavesNoTemporaryFile) {
 TEST(PredictTool, ClosedPipeIsReportedAfterTheGridIsWritten) {
   TempDir dir, data;
   untrained_checkpoint_and_a_one(dir);
-  const std::vector<std::uint8_t> img(20 * 28 * 28, 7), lab(20, 3);
-  data::write_idx(data.file("t10k-images-idx3-ubyte"), {20, 28, 28}, img, false);
-  data::write_idx(data.file("t10k-labels-idx1-ubyte"), {20}, lab, false);
-  data::write_idx(data.file("train-images-idx3-ubyte"), {20, 28, 28}, img, false);
-  data::write_idx(data.file("train-labels-idx1-ubyte"), {20}, lab, false);
+  synthetic_mnist(data);
   std::string images;
   for (int i = 0; i < 100; ++i) images += " " + dir.file("one.png");
   const std::string cmd = "{ " + sh_quote(mf::testing::program_path(MF_PREDICT_BIN)) + " --model " +
