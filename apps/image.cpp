@@ -292,12 +292,14 @@ GrayImage decode_gray_image(const std::uint8_t* bytes, std::size_t size, const s
   const bool alpha = comp == 2 || comp == 4;
   const int want = alpha ? 2 : 1;  // grey (+ alpha)
   int w2 = 0, h2 = 0, c2 = 0;
+  stb_ran_out_of_memory();  // forget any earlier failure
   std::unique_ptr<stbi_uc, StbiFree> px(stbi_load_from_memory(bytes, len, &w2, &h2, &c2, want));
   if (!px) {
     const std::string why = stb_detail();
     // stb could not allocate its buffers (a 16-bit RGBA image takes 8 bytes a pixel, and
-    // more while it is inflated): the file is fine, the memory is short.
-    if (why == "outofmem")
+    // more while it is inflated): the file is fine, the memory is short. Its reason does not
+    // always say so, hence the allocation check.
+    if (stb_ran_out_of_memory() || why == "outofmem")
       throw ImageError(name, "out of host memory decoding this " + size_text + " " + kind +
                                  "; free some memory, or give a smaller image");
     throw ImageError(name, "corrupt or unsupported " + kind +

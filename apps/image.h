@@ -71,4 +71,8 @@ void write_png(const std::string& path, int width, int height, int channels, con
 // Width, height and channel count from an image file's header (stbi_info), or false.
 bool image_info(const std::string& path, int* width, int* height, int* channels);
 
+// Whether an allocation of stb_image's failed since the last call (stb_impl.cpp); the call
+// starts afresh.
+bool stb_ran_out_of_memory();
+
 }  // namespace mf::apps

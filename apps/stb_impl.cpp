@@ -7,6 +7,36 @@
 // refuses absurd sizes before decoding.
 #include "apps/image.h"
 
+#include <cstdlib>
+
+// stb_image's allocations go through these two, which note a failure: stb does not always
+// say "outofmem" when it runs out (its PNG inflater returns NULL without a reason, leaving
+// the one an earlier format probe set), and a file that is fine but too big for the memory
+// at hand must not be reported as corrupt.
+namespace {
+thread_local bool g_stb_out_of_memory = false;
+
+void* stb_malloc(std::size_t size) {
+  void* p = std::malloc(size);
+  if (!p && size > 0) g_stb_out_of_memory = true;
+  return p;
+}
+void* stb_realloc(void* old, std::size_t size) {
+  void* p = std::realloc(old, size);
+  if (!p && size > 0) g_stb_out_of_memory = true;
+  return p;
+}
+}  // namespace
+
+bool mf::apps::stb_ran_out_of_memory() {
+  const bool failed = g_stb_out_of_memory;
+  g_stb_out_of_memory = false;
+  return failed;
+}
+
+#define STBI_MALLOC(size) stb_malloc(size)
+#define STBI_REALLOC(p, size) stb_realloc(p, size)
+#define STBI_FREE(p) std::free(p)
 #define STBI_ONLY_PNG
 #define STBI_ONLY_JPEG
 #define STBI_ONLY_BMP
