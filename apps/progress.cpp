@@ -5,12 +5,26 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdarg>
 #include <cstdlib>
 #include <string>
 
 namespace mf::apps {
 
 namespace {
+// printf into a std::string of whatever length the text needs.
+__attribute__((format(printf, 1, 2))) std::string printed(const char* format, ...) {
+  std::va_list args, again;
+  va_start(args, format);
+  va_copy(again, args);
+  const int n = std::vsnprintf(nullptr, 0, format, args);
+  va_end(args);
+  std::string out(n > 0 ? static_cast<std::size_t>(n) : 0, '\0');
+  if (n > 0) std::vsnprintf(out.data(), out.size() + 1, format, again);
+  va_end(again);
+  return out;
+}
+
 std::string bar(std::int64_t done, std::int64_t total) {
   constexpr int kWidth = 30;
   const int filled = total > 0 ? static_cast<int>(kWidth * done / total) : kWidth;
@@ -68,15 +82,14 @@ void ProgressPrinter::update(const Progress& p) {
   last_ = p;
   if (!live_) return;
   const double eta = p.step > 0 ? p.elapsed_s * static_cast<double>(p.steps - p.step) / static_cast<double>(p.step) : 0;
-  char b[256];
-  std::snprintf(b, sizeof b, "%lld/%lld %s - ETA: %s - loss: %.4f - accuracy: %.4f", static_cast<long long>(p.step),
-                static_cast<long long>(p.steps), bar(p.step, p.steps).c_str(), duration(eta).c_str(), p.loss,
-                p.accuracy);
+  const std::string full = printed("%lld/%lld %s - ETA: %s - loss: %.4f - accuracy: %.4f",
+                                   static_cast<long long>(p.step), static_cast<long long>(p.steps),
+                                   bar(p.step, p.steps).c_str(), duration(eta).c_str(), p.loss, p.accuracy);
   // A line wider than the terminal wraps, and '\r' then returns to its last row only: every
   // update would leave a row behind (the full line is 84 characters, wider than the usual
   // 80). So it is cut to the width, less one column for terminals that wrap at the last.
   const std::size_t columns = static_cast<std::size_t>(std::max(1, terminal_columns(out_)) - 1);
-  const std::string line = std::string(b).substr(0, columns);
+  const std::string line = full.substr(0, columns);
   std::fprintf(out_, "\r%s", line.c_str());
   end_live_line(line.size(), columns);
   std::fflush(out_);
@@ -84,17 +97,13 @@ void ProgressPrinter::update(const Progress& p) {
 
 void ProgressPrinter::epoch_end(const EpochLog& e) {
   header(e.epoch);
-  char b[512];
-  int n = std::snprintf(b, sizeof b, "%lld/%lld %s - %s %s - loss: %.4f - accuracy: %.4f",
-                        static_cast<long long>(e.steps), static_cast<long long>(e.steps), bar(1, 1).c_str(),
-                        duration(e.train_seconds).c_str(), per_step(e.train_seconds, e.steps).c_str(), e.loss,
-                        e.accuracy);
+  std::string line = printed("%lld/%lld %s - %s %s - loss: %.4f - accuracy: %.4f", static_cast<long long>(e.steps),
+                              static_cast<long long>(e.steps), bar(1, 1).c_str(), duration(e.train_seconds).c_str(),
+                              per_step(e.train_seconds, e.steps).c_str(), e.loss, e.accuracy);
   if (std::isfinite(e.val_loss))
-    n += std::snprintf(b + n, sizeof b - n, " - val_loss: %.4f - val_accuracy: %.4f", e.val_loss, e.val_accuracy);
+    line += printed(" - val_loss: %.4f - val_accuracy: %.4f", e.val_loss, e.val_accuracy);
   if (e.skipped_steps > 0 || e.loss_scale != 1.0)
-    std::snprintf(b + n, sizeof b - n, " - loss_scale: %g - skipped: %lld", e.loss_scale,
-                  static_cast<long long>(e.skipped_steps));
-  const std::string line = b;
+    line += printed(" - loss_scale: %g - skipped: %lld", e.loss_scale, static_cast<long long>(e.skipped_steps));
   if (live_) {  // over the live line; printed whole, as it stays
     std::fprintf(out_, "\r%s", line.c_str());
     end_live_line(line.size(), static_cast<std::size_t>(std::max(1, terminal_columns(out_)) - 1));
