@@ -2,6 +2,7 @@
 // summary(), compile(optimizer), fit(), evaluate(), predict().
 #pragma once
 #include <functional>
+#include <limits>
 #include <memory>
 #include <string>
 #include <vector>
@@ -67,8 +68,10 @@ struct History {
   bool ended_mid_epoch() const { return interrupted && !epochs.empty() && epochs.back().epoch == completed_epochs; }
 };
 
+// The mean loss and the accuracy over `count` images; with no images (count 0) they are not
+// known: NaN, rather than a loss of 0 and an accuracy of 0 that read as results.
 struct EvalResult {
-  double loss = 0, accuracy = 0;
+  double loss = std::numeric_limits<double>::quiet_NaN(), accuracy = std::numeric_limits<double>::quiet_NaN();
   std::int64_t count = 0;
 };
 

@@ -669,6 +669,9 @@ TEST(ModelCpu, EvaluateCountsLossAndAccuracy) {
   Dataset none = synthetic(0, 28, 28, 1);
   const mf::EvalResult e = m.evaluate(none);
   EXPECT_EQ(e.count, 0);
+  // No images: the loss and accuracy are not known (they read 0 and 0, as if measured).
+  EXPECT_TRUE(std::isnan(e.loss)) << e.loss;
+  EXPECT_TRUE(std::isnan(e.accuracy)) << e.accuracy;
 }
 
 // ---- fit ------------------------------------------------------------------------------------

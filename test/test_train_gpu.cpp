@@ -358,6 +358,9 @@ TEST(TrainGpu, EvaluateMatchesTheCpu) {
   EXPECT_NEAR(gpu.accuracy, cpu.accuracy, 2.0 / 777);
   const mf::EvalResult again = m.evaluate(d, 100);  // cached device copy, another batch size
   EXPECT_NEAR(again.loss, gpu.loss, 1e-5 * std::max(1.0, gpu.loss));
+  const mf::EvalResult none = m.evaluate(synthetic(0, 6));  // no images: nothing known, as on the CPU
+  EXPECT_EQ(none.count, 0);
+  EXPECT_TRUE(std::isnan(none.loss) && std::isnan(none.accuracy)) << none.loss << " " << none.accuracy;
 }
 
 // ---- device memory -------------------------------------------------------------------------
