@@ -5,6 +5,7 @@
 
 #include <cerrno>
 #include <cmath>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -103,6 +104,11 @@ void reserve_standard_fds() {
       const int got = ::open("/dev/null", O_RDONLY);  // the lowest free number: fd itself
       if (got > 2) ::close(got);
     }
+}
+
+void write_failures_are_errors() {
+  std::signal(SIGPIPE, SIG_IGN);
+  std::signal(SIGXFSZ, SIG_IGN);
 }
 
 int exit_status_after_stdout(const char* program, int status) {

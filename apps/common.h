@@ -46,6 +46,12 @@ std::vector<std::string> data_files_in(const std::string& data_dir);
 // saved. Read-only, so that writing there still fails and a closed stdout is still reported.
 void reserve_standard_fds();
 
+// For the start of main of a program that writes files: SIGPIPE and SIGXFSZ are ignored, so
+// that a closed pipe (`prog | head`) or the file-size limit (ulimit -f) makes the write fail
+// (EPIPE, EFBIG), to be reported and cleaned up after (a temporary file removed, a run
+// saved), instead of ending the program mid-write without a word.
+void write_failures_are_errors();
+
 // For the end of main: `status`, or 1 with a one-line error when writing standard output
 // failed (a full disk, a closed pipe), which would otherwise lose the results in silence.
 // A program that already failed or was stopped (status not 0) has said why: that stays the

@@ -5,7 +5,6 @@
 //   predict --model mnist.ckpt --ascii digit.png        # also show what the model sees
 //   predict --model mnist.ckpt --grid wrong.png         # misclassified test digits, labelled
 #include <algorithm>
-#include <csignal>
 #include <cstdio>
 #include <new>
 #include <numeric>
@@ -202,11 +201,8 @@ static int run_main(int argc, char** argv) {
 
 int main(int argc, char** argv) {
   mf::apps::reserve_standard_fds();
-  // Past the file-size limit (ulimit -f) writing the grid fails with EFBIG and is reported,
-  // its temporary file removed; SIGXFSZ would end predict there without a word.
-  std::signal(SIGXFSZ, SIG_IGN);
-  // `predict ... | head`: a closed pipe is reported at exit (exit_status_after_stdout) after
-  // --grid is written; SIGPIPE would end predict at its next full buffer, without the grid.
-  std::signal(SIGPIPE, SIG_IGN);
+  // `predict ... | head`: the closed pipe is reported at exit (exit_status_after_stdout),
+  // after --grid is written.
+  mf::apps::write_failures_are_errors();
   return mf::apps::exit_status_after_stdout("predict", run_main(argc, argv));
 }

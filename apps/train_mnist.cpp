@@ -430,8 +430,8 @@ static int run_main(int argc, char** argv) {
     };
     catch_stop_signals();
     // Standard output that cannot be written (`train_mnist | head`, a full disk) stops the run
-    // as a signal does, saved; the error is reported at exit. SIGPIPE is ignored (in main) so
-    // that a closed pipe is such an error rather than a silent death before the next save.
+    // as a signal does, saved; the error is reported at exit. SIGPIPE is ignored (main calls
+    // write_failures_are_errors), so a closed pipe is such an error, not a silent death.
     cb.should_stop = [] { return g_stop.load() || std::ferror(stdout) != 0; };
 
     stage = "training";
@@ -502,9 +502,6 @@ static int run_main(int argc, char** argv) {
 
 int main(int argc, char** argv) {
   mf::apps::reserve_standard_fds();
-  std::signal(SIGPIPE, SIG_IGN);  // a closed standard output is an error that stops the run (see should_stop)
-  // Past the file-size limit (ulimit -f) a write fails with EFBIG and is reported, its
-  // temporary file removed; SIGXFSZ would end the run there without a word.
-  std::signal(SIGXFSZ, SIG_IGN);
+  mf::apps::write_failures_are_errors();  // a closed standard output stops the run, saved (see should_stop)
   return mf::apps::exit_status_after_stdout("train_mnist", run_main(argc, argv));
 }
