@@ -116,11 +116,15 @@ std::int64_t Sequential::num_params() {
 
 void Sequential::set_input_shape(const Shape& sample) { input_shape_ = sample; }
 
+void Sequential::require_input_shape(const char* caller) const {
+  if (input_shape_.rank() == 0)
+    throw std::logic_error(std::string(caller) + ": the model has no input shape; call set_input_shape() first");
+}
+
 Shape Sequential::batch_shape(std::int64_t n) const {
   // Without it the first layer was asked about a batch of shape (n,) and its error blamed
   // the input ("Dense: expected input of shape (batch, 144), got (1,)").
-  if (input_shape_.rank() == 0)
-    throw std::logic_error("Sequential: the model has no input shape; call set_input_shape() first");
+  require_input_shape("Sequential");
   std::vector<std::int64_t> dims{n};
   for (auto d : input_shape_.dims()) dims.push_back(d);
   return Shape(dims);
@@ -481,8 +485,7 @@ void check_finite_images(const Tensor& x) {
 
 Tensor Sequential::predict(const Tensor& x, std::int64_t batch_size) {
   if (layers_.empty()) throw std::logic_error("Sequential::predict of an empty model");
-  if (input_shape_.rank() == 0)
-    throw std::logic_error("Sequential::predict: the model has no input shape; call set_input_shape() first");
+  require_input_shape("Sequential::predict");
   // A batch of samples: one dimension more than the model's sample shape, the others equal.
   const std::vector<std::int64_t>& want = input_shape_.dims();
   const bool shape_ok = x.defined() && x.rank() == input_shape_.rank() + 1 &&

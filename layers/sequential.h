@@ -167,6 +167,9 @@ class Sequential {
   // Throws std::invalid_argument, starting with `what`, naming the first largest label of
   // d that is not below `classes`.
   static void check_labels(const data::Dataset& d, std::int64_t classes, const std::string& what);
+  // Throws std::logic_error "<caller>: the model has no input shape; call set_input_shape()
+  // first" when it has none.
+  void require_input_shape(const char* caller) const;
   // Throws the layer's error (Layer::check_gpu_batch) when a batch of n is too large for
   // the GPU: fit's check, before it allocates anything.
   void check_gpu_batch(std::int64_t n) const;
