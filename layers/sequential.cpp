@@ -417,6 +417,7 @@ bool Sequential::finish_epoch(EpochLog& log, bool complete, History& history, co
 EvalResult Sequential::evaluate(const data::Dataset& d, std::int64_t batch_size) {
   data::check_dataset(d, "evaluate");  // a negative count or missing data is an error, not a zero result
   if (batch_size < 1) throw std::invalid_argument("evaluate: batch size must be at least 1");
+  require_input_shape("Sequential::evaluate");  // else "the model takes ()" blamed the images
   if (Shape{d.rows, d.cols, 1} != input_shape_)
     throw std::invalid_argument("evaluate: images are " + std::to_string(d.rows) + "x" + std::to_string(d.cols) +
                                 ", the model takes " + input_shape_.str());

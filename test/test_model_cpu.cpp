@@ -252,8 +252,10 @@ TEST(ModelCpu, ShapesOfAModelWithoutAnInputShapeAskForIt) {
   Sequential m;
   m.add(std::make_unique<mf::Flatten>());
   m.add(std::make_unique<mf::Dense>(144, 10, mf::Activation::kNone, rng));
+  const Dataset d = synthetic(4, 28, 28, 1);
   for (const auto& call : std::vector<std::function<void()>>{[&] { m.summary(); }, [&] { m.architecture(); },
-                                                             [&] { m.output_shape(1); }}) {
+                                                             [&] { m.output_shape(1); }, [&] { m.evaluate(d); },
+                                                             [&] { m.predict(Tensor::zeros({1, 28, 28, 1})); }}) {
     try {
       call();
       ADD_FAILURE() << "no exception";
