@@ -42,20 +42,13 @@ using namespace mf;
 
 namespace {
 
+using mf::testing::sh_quote;
 using mf::testing::TempDir;
 
 struct RunResult {
   int status;
   std::string out, err;
 };
-
-// `s` in single quotes for the shell, so that a path with spaces (a build folder under
-// "My projects") stays one argument.
-std::string sh_quote(const std::string& s) {
-  std::string q = "'";
-  for (const char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return q + "'";
-}
 
 // Runs `bin args` through the shell; `before`, when given, is a shell command run first in
 // the same shell (a ulimit that then applies to the program).

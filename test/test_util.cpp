@@ -241,6 +241,12 @@ std::string program_path(const std::string& built) {
   return built;
 }
 
+std::string sh_quote(const std::string& s) {
+  std::string q = "'";
+  for (const char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return q + "'";
+}
+
 XentRef softmax_xent_ref(const Tensor& logits, const Tensor& labels) {
   const std::int64_t n = logits.dim(0), k = logits.dim(1);
   const std::vector<double> z = to_double(logits);

@@ -61,6 +61,10 @@ class TempDir {
 // copied to another machine runs its own programs; else the build-tree path itself.
 std::string program_path(const std::string& built);
 
+// `s` in single quotes for the shell, so that a path with spaces (a build folder under
+// "My projects") stays one argument of the commands the tests run.
+std::string sh_quote(const std::string& s);
+
 struct Tol {
   double atol, rtol;
 };
