@@ -42,29 +42,11 @@ using namespace mf;
 
 namespace {
 
+using mf::testing::count_lines;
+using mf::testing::run_program;
+using mf::testing::RunResult;
 using mf::testing::sh_quote;
 using mf::testing::TempDir;
-
-struct RunResult {
-  int status;
-  std::string out, err;
-};
-
-// Runs `bin args` through the shell; `before`, when given, is a shell command run first in
-// the same shell (a ulimit that then applies to the program).
-RunResult run(const char* bin, const std::string& args, const TempDir& dir, const std::string& before = "") {
-  const std::string out = dir.file("stdout.txt"), err = dir.file("stderr.txt");
-  const std::string cmd = (before.empty() ? "" : before + " && ") + sh_quote(mf::testing::program_path(bin)) + " " + args +
-                          " > " + out + " 2> " + err + " < /dev/null";
-  const int st = std::system(cmd.c_str());
-  return {WIFEXITED(st) ? WEXITSTATUS(st) : -1, apps::read_file_bytes(out), apps::read_file_bytes(err)};
-}
-
-int count_lines(const std::string& s) {
-  int n = 0;
-  for (char c : s) n += c == '\n';
-  return n;
-}
 
 // train_mnist's exit status for a bad flag, and for any other error (--help says so).
 constexpr int kBadFlag = 2, kError = 1;
@@ -73,7 +55,7 @@ constexpr int kBadFlag = 2, kError = 1;
 void expect_one_line_error(const std::string& args, const std::string& expect, int status) {
   SCOPED_TRACE("train_mnist " + args);
   TempDir dir("_run");
-  const RunResult r = run(MF_TRAIN_MNIST_BIN, args, dir);
+  const RunResult r = run_program(MF_TRAIN_MNIST_BIN, args, dir);
   EXPECT_EQ(r.status, status);
   EXPECT_EQ(count_lines(r.err), 1) << "stderr:\n" << r.err;
   EXPECT_EQ(r.err.rfind("train_mnist: error: ", 0), 0u) << r.err;
@@ -267,7 +249,7 @@ TEST(TrainMnistCli, FlagValueWithANewlineGivesOneLine) {
   expect_one_line_error("'--a\nb'", "unknown flag --a b", kBadFlag);
 #if MF_WITH_STB && defined(MF_PREDICT_BIN)
   TempDir dir;
-  const RunResult r = run(MF_PREDICT_BIN, "--top '1\n2'", dir);
+  const RunResult r = run_program(MF_PREDICT_BIN, "--top '1\n2'", dir);
   EXPECT_EQ(r.status, kBadFlag);
   EXPECT_EQ(r.err, "predict: error: --top expects a whole number, got '1 2'\n");
 #endif
@@ -411,7 +393,7 @@ TEST(TrainMnistCli, AutoDevicePicksTheGpuOrSaysWhyNot) {
   const std::string data = mnist_dir();
   if (!fs::exists(data)) GTEST_SKIP() << "no MNIST at " << data;
   TempDir dir;
-  const RunResult r = run(MF_TRAIN_MNIST_BIN, "--data " + sh_quote(data) + " --quiet --limit-train 256 --epochs 1", dir);
+  const RunResult r = run_program(MF_TRAIN_MNIST_BIN, "--data " + sh_quote(data) + " --quiet --limit-train 256 --epochs 1", dir);
   ASSERT_EQ(r.status, 0) << r.err;
   const std::string why = "(--device auto chose the CPU: " + gpu_status().reason + ")";
   if (gpu_available()) {
@@ -520,7 +502,7 @@ TEST(TrainMnistCli, SaveOverAnExistingFileNeedsResumeOrOverwrite) {
   if (!fs::exists(data)) GTEST_SKIP() << "no MNIST at " << data;
   const std::string common = "--device cpu --data " + sh_quote(data) + " --quiet --limit-train 64 --epochs 1 "
                              "--validation-split 0.02 --save " + ckpt + " --overwrite";
-  const RunResult r = run(MF_TRAIN_MNIST_BIN, common, dir);
+  const RunResult r = run_program(MF_TRAIN_MNIST_BIN, common, dir);
   ASSERT_EQ(r.status, 0) << r.err;
   EXPECT_EQ(apps::read_checkpoint(ckpt).contents.meta.epoch, 1);
 }
@@ -558,7 +540,7 @@ TEST(TrainMnistCli, NonFiniteValidationOrTestLossFailsWithoutSaving) {
   if (!fs::exists(data)) GTEST_SKIP() << "no MNIST at " << data;
   TempDir dir;
   const std::string ckpt = dir.file("run.ckpt");
-  RunResult r = run(MF_TRAIN_MNIST_BIN,
+  RunResult r = run_program(MF_TRAIN_MNIST_BIN,
                     "--device cpu --data " + sh_quote(data) + " --quiet --limit-train 64 --epochs 1 --validation-split 0.02 "
                     "--save " + ckpt,
                     dir);
@@ -577,7 +559,7 @@ TEST(TrainMnistCli, NonFiniteValidationOrTestLossFailsWithoutSaving) {
   const std::string saved = apps::read_file_bytes(ckpt);
 
   // Epoch 2 trains, then its validation loss overflows: an error, and the checkpoint unchanged.
-  r = run(MF_TRAIN_MNIST_BIN,
+  r = run_program(MF_TRAIN_MNIST_BIN,
           "--device cpu --data " + sh_quote(data) + " --quiet --resume " + ckpt + " --save " + ckpt + " --epochs 2", dir);
   EXPECT_EQ(r.status, kError);
   EXPECT_EQ(count_lines(r.err), 1) << r.err;
@@ -589,7 +571,7 @@ TEST(TrainMnistCli, NonFiniteValidationOrTestLossFailsWithoutSaving) {
 
   // Nothing left to train: the test loss overflows; an error, and no metrics written.
   const std::string json = dir.file("m.json");
-  r = run(MF_TRAIN_MNIST_BIN,
+  r = run_program(MF_TRAIN_MNIST_BIN,
           "--device cpu --data " + sh_quote(data) + " --quiet --resume " + ckpt + " --epochs 1 --metrics-json " + json, dir);
   EXPECT_EQ(r.status, kError);
   EXPECT_NE(r.err.find("train_mnist: error: the test loss is "), std::string::npos) << r.err;
@@ -625,7 +607,7 @@ TEST(TrainMnistCli, OutOfHostMemoryIsOneLineSayingWhatToTry) {
   if (!kCanLimitAddressSpace) GTEST_SKIP() << "AddressSanitizer cannot run under a 1 GB address-space limit";
   TempDir data, dir;
   write_mnist_too_large_for_1gb(data);
-  const RunResult r = run(MF_TRAIN_MNIST_BIN, "--device cpu --threads 1 --data " + data.file(""), dir, kUlimit1Gb);
+  const RunResult r = run_program(MF_TRAIN_MNIST_BIN, "--device cpu --threads 1 --data " + data.file(""), dir, kUlimit1Gb);
   EXPECT_EQ(r.status, kError);
   EXPECT_EQ(r.err, "train_mnist: error: out of host memory while loading the data from " + data.file("") +
                        "; free some memory, or use a machine with more\n");
@@ -634,7 +616,7 @@ TEST(TrainMnistCli, OutOfHostMemoryIsOneLineSayingWhatToTry) {
   Rng rng(1);
   Sequential model = Sequential::mnist_cnn(rng);
   apps::save_checkpoint(dir.file("m.ckpt"), model, nullptr, {});
-  const RunResult p = run(MF_PREDICT_BIN,
+  const RunResult p = run_program(MF_PREDICT_BIN,
                           "--model " + dir.file("m.ckpt") + " --data " + data.file("") + " --grid " +
                               dir.file("grid.png"),
                           dir, kUlimit1Gb);
@@ -645,7 +627,7 @@ TEST(TrainMnistCli, OutOfHostMemoryIsOneLineSayingWhatToTry) {
   // An image whose pixels do not fit in memory is named as that, not as a bad file (it read
   // "corrupt or unsupported PNG (stb_image: outofmem)").
   write_blank_rgba16_png(dir.file("big.png"), 8192);
-  const RunResult q = run(MF_PREDICT_BIN, "--model " + dir.file("m.ckpt") + " " + dir.file("big.png"), dir, kUlimit1Gb);
+  const RunResult q = run_program(MF_PREDICT_BIN, "--model " + dir.file("m.ckpt") + " " + dir.file("big.png"), dir, kUlimit1Gb);
   EXPECT_EQ(q.status, kError);
   EXPECT_EQ(q.err, "predict: error: " + dir.file("big.png") +
                        ": out of host memory decoding this 8192x8192 PNG; free some memory, or give a smaller image\n");
@@ -804,7 +786,7 @@ TEST(TrainMnistCli, WithStderrClosedASignalsNoteStaysOutOfTheCheckpoint) {
 TEST(TrainMnistCli, FileSizeLimitIsAnErrorThatLeavesNoTemporaryFile) {
   TempDir dir;
   write_tiny_mnist(dir);
-  const RunResult r = run(MF_TRAIN_MNIST_BIN,
+  const RunResult r = run_program(MF_TRAIN_MNIST_BIN,
                           "--device cpu --data " + dir.file("") + " --epochs 1 --quiet --save " + dir.file("run.ckpt"),
                           dir, "ulimit -f 1000");
   EXPECT_EQ(r.status, kError);
@@ -876,12 +858,12 @@ TEST(TrainMnistCli, ResumeWithFewerEpochsKeepsTheSavedEpochCount) {
   TempDir dir;
   const std::string ckpt = dir.file("run.ckpt");
   const std::string common = "--device cpu --data " + sh_quote(data) + " --quiet --save " + ckpt;
-  RunResult r = run(MF_TRAIN_MNIST_BIN, common + " --limit-train 640 --epochs 2", dir);
+  RunResult r = run_program(MF_TRAIN_MNIST_BIN, common + " --limit-train 640 --epochs 2", dir);
   ASSERT_EQ(r.status, 0) << r.err;
   const apps::CheckpointFile before = apps::read_checkpoint(ckpt);
   ASSERT_EQ(before.contents.meta.epoch, 2);
 
-  r = run(MF_TRAIN_MNIST_BIN, common + " --resume " + ckpt + " --epochs 1", dir);
+  r = run_program(MF_TRAIN_MNIST_BIN, common + " --resume " + ckpt + " --epochs 1", dir);
   ASSERT_EQ(r.status, 0) << r.err;
   EXPECT_NE(r.err.find("the checkpoint already has 2 epoch(s) and --epochs is 1: nothing to train"),
             std::string::npos)
@@ -911,7 +893,7 @@ TEST(TrainMnistCli, ShortRunWritesMetricsPlotCheckpointAndResumes) {
   const std::string ckpt = dir.file("run.ckpt"), plot = dir.file("run.png"), json = dir.file("run.json");
   const std::string common = "--device cpu --data " + sh_quote(data) + " --quiet --save " + ckpt + " --plot " + plot +
                              " --metrics-json " + json;
-  RunResult r = run(MF_TRAIN_MNIST_BIN, common + " --limit-train 1000 --epochs 1 --validation-split 0.02", dir);
+  RunResult r = run_program(MF_TRAIN_MNIST_BIN, common + " --limit-train 1000 --epochs 1 --validation-split 0.02", dir);
   ASSERT_EQ(r.status, 0) << r.err;
   std::string j = apps::read_file_bytes(json);
   EXPECT_NE(j.find("\"test_accuracy\""), std::string::npos) << j;
@@ -929,14 +911,14 @@ TEST(TrainMnistCli, ShortRunWritesMetricsPlotCheckpointAndResumes) {
   // A flag that contradicts the checkpoint.
   {
     SCOPED_TRACE("resume with another batch size");
-    r = run(MF_TRAIN_MNIST_BIN, "--device cpu --data " + sh_quote(data) + " --resume " + ckpt + " --batch-size 32", dir);
+    r = run_program(MF_TRAIN_MNIST_BIN, "--device cpu --data " + sh_quote(data) + " --resume " + ckpt + " --batch-size 32", dir);
     EXPECT_NE(r.status, 0);
     EXPECT_EQ(count_lines(r.err), 1) << r.err;
     EXPECT_NE(r.err.find("--batch-size 32 differs from the 64 the run was saved with"), std::string::npos) << r.err;
   }
 
   // Resume: the split, limit and batch size come from the checkpoint.
-  r = run(MF_TRAIN_MNIST_BIN, common + " --resume " + ckpt + " --epochs 2", dir);
+  r = run_program(MF_TRAIN_MNIST_BIN, common + " --resume " + ckpt + " --epochs 2", dir);
   ASSERT_EQ(r.status, 0) << r.err;
   EXPECT_NE(r.out.find("Resuming " + ckpt + ": 1 epoch(s) done"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("Epoch 2/2"), std::string::npos) << r.out;
@@ -950,7 +932,7 @@ TEST(TrainMnistCli, ShortRunWritesMetricsPlotCheckpointAndResumes) {
 
 #if MF_WITH_STB && defined(MF_PREDICT_BIN)
   // The misclassified-digits grid from that checkpoint.
-  r = run(MF_PREDICT_BIN, "--model " + ckpt + " --data " + sh_quote(data) + " --grid " + dir.file("grid.png") + " --grid-max 30",
+  r = run_program(MF_PREDICT_BIN, "--model " + ckpt + " --data " + sh_quote(data) + " --grid " + dir.file("grid.png") + " --grid-max 30",
           dir);
   ASSERT_EQ(r.status, 0) << r.err;
   EXPECT_NE(r.out.find("test images misclassified"), std::string::npos) << r.out;
@@ -968,7 +950,7 @@ TEST(TrainMnistCli, DenseGradSwitchesKernelsAndTrainsAlike) {
   double loss[2], val_loss[2];
   for (int dense = 0; dense < 2; ++dense) {
     const std::string json = dir.file("run" + std::to_string(dense) + ".json");
-    const RunResult r = run(MF_TRAIN_MNIST_BIN,
+    const RunResult r = run_program(MF_TRAIN_MNIST_BIN,
                             "--device cpu --data " + sh_quote(data) + " --quiet --verbose --limit-train 1280 --epochs 1 "
                             "--validation-split 0.02 --metrics-json " + json + (dense ? " --dense-grad" : ""),
                             dir);

@@ -2,34 +2,20 @@
 // its CPU smoke tests and exits 0 (1 with --require-gpu).
 #include <gtest/gtest.h>
 
-#include <sys/wait.h>
-#include <unistd.h>
-
-#include <cstdio>
-#include <filesystem>
 #include <string>
 
-#include "apps/atomic_file.h"
 #include "kernels/gpu_runtime.h"
 #include "test/test_util.h"
 
 namespace {
 
-struct RunResult {
-  int status;
-  std::string out, err;
-};
+using mf::testing::RunResult;
 
+// doctor --no-color with `args` (run_program: the path quoted, so a build folder whose
+// path has a space runs too).
 RunResult run_doctor(const std::string& args) {
-  const std::string base =
-      (std::filesystem::temp_directory_path() / ("mf_doctor_" + std::to_string(::getpid()))).string();
-  const std::string cmd = mf::testing::program_path(MF_DOCTOR_BIN) + " --no-color " + args + " > " + base + ".out 2> " + base + ".err";
-  const int st = std::system(cmd.c_str());
-  RunResult r{WIFEXITED(st) ? WEXITSTATUS(st) : -1, mf::apps::read_file_bytes(base + ".out"),
-              mf::apps::read_file_bytes(base + ".err")};
-  std::remove((base + ".out").c_str());
-  std::remove((base + ".err").c_str());
-  return r;
+  const mf::testing::TempDir dir;
+  return mf::testing::run_program(MF_DOCTOR_BIN, "--no-color " + args, dir);
 }
 
 }  // namespace

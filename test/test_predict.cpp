@@ -32,6 +32,9 @@ using namespace mf;
 
 namespace {
 
+using mf::testing::count_lines;
+using mf::testing::run_program;
+using mf::testing::RunResult;
 using mf::testing::sh_quote;
 using mf::testing::TempDir;
 
@@ -136,24 +139,9 @@ std::string image_error(const std::string& path) {
   return "";
 }
 
-struct RunResult {
-  int status;
-  std::string out, err;
-};
-// Runs predict with `args` through the shell; `before`, when given, is a shell command run
-// first in the same shell (a ulimit that then applies to predict).
-RunResult run(const std::string& args, const std::string& dir, const std::string& before = "") {
-  const std::string out = dir + "/stdout.txt", err = dir + "/stderr.txt";
-  const std::string cmd = (before.empty() ? "" : before + " && ") + sh_quote(mf::testing::program_path(MF_PREDICT_BIN)) + " " +
-                          args + " > " + out + " 2> " + err;
-  const int st = std::system(cmd.c_str());
-  RunResult r{WIFEXITED(st) ? WEXITSTATUS(st) : -1, apps::read_file_bytes(out), apps::read_file_bytes(err)};
-  return r;
-}
-int lines(const std::string& s) {
-  int n = 0;
-  for (char c : s) n += c == '\n';
-  return n;
+// Runs predict with `args`, its output in `dir` (run_program).
+RunResult run(const std::string& args, const TempDir& dir, const std::string& before = "") {
+  return run_program(MF_PREDICT_BIN, args, dir, before);
 }
 
 std::string mnist_dir() {
@@ -411,28 +399,28 @@ TEST(PredictTool, ClassifiesFilesAndReportsEachBadOne) {
   std::ofstream(dir.file("notes.txt")) << "not an image";
 
   RunResult r = run("--model " + dir.file("m.ckpt") + " --top 3 " + dir.file("one.png") + " " + dir.file("one_ink.png"),
-                    dir.file(""));
+                    dir);
   EXPECT_EQ(r.status, 0) << r.err;
-  EXPECT_EQ(lines(r.out), 2) << r.out;
+  EXPECT_EQ(count_lines(r.out), 2) << r.out;
   EXPECT_NE(r.out.find(dir.file("one.png") + ": "), std::string::npos) << r.out;
   EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '%'), 6) << "three classes per file: " << r.out;
   EXPECT_TRUE(r.err.empty()) << r.err;
 
   r = run("--model " + dir.file("m.ckpt") + " " + dir.file("one.png") + " " + dir.file("blank.png") + " " +
               dir.file("notes.txt") + " " + dir.file("missing.png"),
-          dir.file(""));
+          dir);
   EXPECT_EQ(r.status, 1);
-  EXPECT_EQ(lines(r.out), 1) << "the good file is still classified: " << r.out;
-  EXPECT_EQ(lines(r.err), 3) << r.err;
+  EXPECT_EQ(count_lines(r.out), 1) << "the good file is still classified: " << r.out;
+  EXPECT_EQ(count_lines(r.err), 3) << r.err;
   EXPECT_NE(r.err.find("blank.png: no ink"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("notes.txt: not a readable image"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("missing.png: cannot open"), std::string::npos) << r.err;
 
-  r = run("--model " + dir.file("missing.ckpt") + " " + dir.file("one.png"), dir.file(""));
+  r = run("--model " + dir.file("missing.ckpt") + " " + dir.file("one.png"), dir);
   EXPECT_EQ(r.status, 1);
-  EXPECT_EQ(lines(r.err), 1) << r.err;
+  EXPECT_EQ(count_lines(r.err), 1) << r.err;
   EXPECT_NE(r.err.find("missing.ckpt: cannot open"), std::string::npos) << r.err;
-  r = run(dir.file("one.png"), dir.file(""));
+  r = run(dir.file("one.png"), dir);
   EXPECT_EQ(r.status, 2);
   EXPECT_NE(r.err.find("--model is required"), std::string::npos) << r.err;
 }
@@ -446,9 +434,9 @@ TEST(PredictTool, GridPathThatIsAFolderIsRefusedUpFront) {
     SCOPED_TRACE(grid);
     const RunResult r = run("--model " + dir.file("m.ckpt") + " --data /nonexistent/mnist --grid " + grid + " " +
                                 dir.file("one.png"),
-                            dir.file(""));
+                            dir);
     EXPECT_EQ(r.status, 1);
-    EXPECT_EQ(lines(r.err), 1) << r.err;
+    EXPECT_EQ(count_lines(r.err), 1) << r.err;
     EXPECT_NE(r.err.find("predict: error: --grid " + grid + ": "), std::string::npos) << r.err;
     EXPECT_NE(r.err.find("a folder, not a file"), std::string::npos) << r.err;
     EXPECT_TRUE(r.out.empty()) << "nothing was classified: " << r.out;
@@ -480,9 +468,9 @@ TEST(PredictTool, GridOnTheCheckpointAnImageOrTheDataIsRefused) {
             "--grid " + data.file("t10k-labels-idx1-ubyte") + " is the data file " +
                 data.file("t10k-labels-idx1-ubyte") + ": writing there would destroy the data"}}) {
     SCOPED_TRACE(c.args);
-    const RunResult r = run(model + c.args, dir.file(""));
+    const RunResult r = run(model + c.args, dir);
     EXPECT_EQ(r.status, 2);
-    EXPECT_EQ(lines(r.err), 1) << r.err;
+    EXPECT_EQ(count_lines(r.err), 1) << r.err;
     EXPECT_EQ(r.err.rfind("predict: error: --grid ", 0), 0u) << r.err;
     EXPECT_NE(r.err.find(c.expect), std::string::npos) << r.err;
     EXPECT_TRUE(r.out.empty()) << "nothing was classified: " << r.out;
@@ -491,7 +479,7 @@ TEST(PredictTool, GridOnTheCheckpointAnImageOrTheDataIsRefused) {
   EXPECT_TRUE(apps::read_file_bytes(dir.file("one.png")) == png) << "the image was overwritten";
   EXPECT_TRUE(apps::read_file_bytes(data.file("t10k-labels-idx1-ubyte")) == labels) << "the data were overwritten";
   // A new file beside them is fine: the grid of the 20 synthetic test digits.
-  const RunResult r = run(model + "--grid " + dir.file("grid.png"), dir.file(""));
+  const RunResult r = run(model + "--grid " + dir.file("grid.png"), dir);
   EXPECT_EQ(r.status, 0) << r.err;
   EXPECT_TRUE(fs::exists(dir.file("grid.png")));
 }
@@ -505,9 +493,9 @@ TEST(PredictTool, FileSizeLimitIsAnErrorThatLeavesNoTemporaryFile) {
   synthetic_mnist(data);
   const RunResult r = run("--model " + dir.file("m.ckpt") + " --data " + data.file("") + " --grid " +
                               dir.file("grid.png"),
-                          dir.file(""), "ulimit -f 1");
+                          dir, "ulimit -f 1");
   EXPECT_EQ(r.status, 1);
-  EXPECT_EQ(lines(r.err), 1) << r.err;
+  EXPECT_EQ(count_lines(r.err), 1) << r.err;
   EXPECT_NE(r.err.find("predict: error: " + dir.file("grid.png") + ": write failed: File too large"),
             std::string::npos)
       << r.err;
@@ -554,7 +542,7 @@ TEST(PredictTool, ATrainedModelReadsDrawnDigits) {
   zero().inverted().save(dir.file("zero_ink.png"));
   const RunResult r = run("--model " + dir.file("m.ckpt") + " --top 1 " + dir.file("one.png") + " " +
                               dir.file("one_ink.png") + " " + dir.file("zero_ink.png"),
-                          dir.file(""));
+                          dir);
   ASSERT_EQ(r.status, 0) << r.err;
   EXPECT_NE(r.out.find("one.png: 1 ("), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("one_ink.png: 1 ("), std::string::npos) << r.out;

@@ -3,9 +3,13 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <iterator>
 #include <limits>
 #include <sstream>
+#include <sys/wait.h>
 #include <unistd.h>
 
 namespace mf::testing {
@@ -245,6 +249,26 @@ std::string sh_quote(const std::string& s) {
   std::string q = "'";
   for (const char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
   return q + "'";
+}
+
+namespace {
+std::string read_whole_file(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
+}
+}  // namespace
+
+RunResult run_program(const std::string& program, const std::string& args, const TempDir& dir,
+                      const std::string& before) {
+  const std::string out = dir.file("stdout.txt"), err = dir.file("stderr.txt");
+  const std::string cmd = (before.empty() ? "" : before + " && ") + sh_quote(program_path(program)) + " " + args +
+                          " > " + sh_quote(out) + " 2> " + sh_quote(err) + " < /dev/null";
+  const int st = std::system(cmd.c_str());
+  return {WIFEXITED(st) ? WEXITSTATUS(st) : -1, read_whole_file(out), read_whole_file(err)};
+}
+
+int count_lines(const std::string& s) {
+  return static_cast<int>(std::count(s.begin(), s.end(), '\n'));
 }
 
 XentRef softmax_xent_ref(const Tensor& logits, const Tensor& labels) {

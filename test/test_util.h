@@ -65,6 +65,21 @@ std::string program_path(const std::string& built);
 // "My projects") stays one argument of the commands the tests run.
 std::string sh_quote(const std::string& s);
 
+// How a program a test ran ended (status: its exit status, -1 when a signal ended it) and
+// what it printed.
+struct RunResult {
+  int status;
+  std::string out, err;
+};
+// Runs `program args` through the shell (program_path(program), quoted), standard input
+// from /dev/null, its output going to stdout.txt and stderr.txt in `dir`. `before`, when
+// given, is a shell command run first in the same shell (a ulimit that then applies to the
+// program).
+RunResult run_program(const std::string& program, const std::string& args, const TempDir& dir,
+                      const std::string& before = "");
+// The number of lines in `s` (its '\n's).
+int count_lines(const std::string& s);
+
 struct Tol {
   double atol, rtol;
 };
