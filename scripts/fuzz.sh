@@ -8,8 +8,15 @@
 #   scripts/fuzz.sh 600        # ten minutes each
 #   MF_FUZZ_BUILD=/tmp/fz scripts/fuzz.sh 30
 set -euo pipefail
+# The comment above, for --help.
+usage() { awk 'NR > 1 && !/^#/ {exit} NR > 1 {sub(/^# ?/, ""); print}' "${BASH_SOURCE[0]}"; }
+case "${1:-}" in -h | --help) usage; exit 0 ;; esac
 
 seconds=${1:-60}
+if [ $# -gt 1 ] || ! [[ "$seconds" =~ ^[1-9][0-9]*$ ]]; then
+  printf "fuzz.sh: error: expected SECONDS, a whole number above 0, got '%s' (usage: fuzz.sh [SECONDS])\n" "$*" >&2
+  exit 2
+fi
 root=$(cd "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")/.." && pwd)
 build=${MF_FUZZ_BUILD:-$root/build-fuzz}
 

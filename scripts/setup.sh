@@ -1,12 +1,19 @@
 #!/usr/bin/env bash
 # setup.sh: installs what is missing (Debian packages), fetches MNIST into .cache/mnist
-# (sha256-checked), configures and builds microflow in build/. Sourced or run by train.sh
-# and test.sh; safe to run again (it only does what is not done yet).
+# (sha256-checked), configures and builds microflow in build/. Run by train.sh and
+# test.sh; safe to run again (it only does what is not done yet).
 #   MF_BUILD_DIR   build folder (default: build)
 #   MF_CMAKE_ARGS  extra CMake arguments, e.g. "-DMF_WITH_CUDA=OFF"
 #   MF_SKIP_MNIST  1: no MNIST download (train.sh --data DIR sets it: the data are there)
 set -euo pipefail
 root="$(cd "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")/.." && pwd)"
+# The comment above, for --help.
+usage() { awk 'NR > 1 && !/^#/ {exit} NR > 1 {sub(/^# ?/, ""); print}' "${BASH_SOURCE[0]}"; }
+case "${1:-}" in -h | --help) usage; exit 0 ;; esac
+if [ $# -gt 0 ]; then
+  printf "setup.sh: error: unexpected argument '%s' (it takes none; its settings are the MF_* variables: setup.sh --help)\n" "$1" >&2
+  exit 2
+fi
 build_dir="${MF_BUILD_DIR:-$root/build}"
 cache="$root/.cache"
 

@@ -5,6 +5,13 @@
 # GoogleTest's "FILE:LINE: Skipped", else the test's last line of output (a program that
 # exits with the skip code, or whose message matches the skip pattern, says why last).
 set -euo pipefail
+# The comment above, for --help.
+usage() { awk 'NR > 1 && !/^#/ {exit} NR > 1 {sub(/^# ?/, ""); print}' "${BASH_SOURCE[0]}"; }
+case "${1:-}" in -h | --help) usage; exit 0 ;; esac
+if [ $# -ne 2 ] || [[ "$1" == -* ]] || [[ "$2" == -* ]]; then
+  printf "skipped_tests.sh: error: expected BUILD_DIR CTEST_OUTPUT, got '%s'\n" "$*" >&2
+  exit 2
+fi
 log="${1:?usage: skipped_tests.sh BUILD_DIR CTEST_OUTPUT}/Testing/Temporary/LastTest.log"
 out="${2:?usage: skipped_tests.sh BUILD_DIR CTEST_OUTPUT}"
 [ -f "$log" ] && [ -f "$out" ] || exit 0

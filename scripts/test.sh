@@ -5,6 +5,17 @@
 #                        its tests there (GPU off)
 set -euo pipefail
 root="$(cd "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")/.." && pwd)"
+# The comment above, for --help.
+usage() { awk 'NR > 1 && !/^#/ {exit} NR > 1 {sub(/^# ?/, ""); print}' "${BASH_SOURCE[0]}"; }
+# Read before the set-up, so that a mistyped argument costs nothing and is not ignored.
+sanitize=0
+for arg in "$@"; do
+  case "$arg" in
+    --sanitize) sanitize=1 ;;
+    -h | --help) usage; exit 0 ;;
+    *) printf "test.sh: error: unknown argument '%s' (usage: test.sh [--sanitize])\n" "$arg" >&2; exit 2 ;;
+  esac
+done
 "$root/scripts/setup.sh"
 build_dir="${MF_BUILD_DIR:-$root/build}"
 export MF_MNIST_DIR="$root/.cache/mnist"
@@ -19,7 +30,7 @@ run_ctest() {
   return "$rc"
 }
 run_ctest "$build_dir"
-if [ "${1:-}" = "--sanitize" ]; then
+if [ "$sanitize" = 1 ]; then
   echo "==> AddressSanitizer + UndefinedBehaviorSanitizer build of the CPU path"
   MF_BUILD_DIR="$root/build-asan" MF_CMAKE_ARGS="-DMF_WITH_CUDA=OFF -DMF_SANITIZE=ON -DMF_BUILD_BENCH=OFF -DMF_CPU_ARCH=" \
     "$root/scripts/setup.sh"

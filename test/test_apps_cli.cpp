@@ -969,3 +969,34 @@ TEST(TrainMnistCli, DenseGradSwitchesKernelsAndTrainsAlike) {
   EXPECT_NEAR(val_loss[1], val_loss[0], 1e-2 * val_loss[0]);
   EXPECT_GT(loss[0], 0.1);  // a real loss, not a default
 }
+
+// The scripts answer --help with the comment at their top, and refuse an argument they do not
+// take with one line and status 2 before anything else: test.sh ignored every argument but
+// --sanitize (a mistyped --sanitise ran the tests without the sanitizers), and the others
+// took "--help" for a folder, a build folder or a number of seconds and went on to install,
+// build or download.
+TEST(Scripts, HelpPrintsTheUsageAndUnknownArgumentsAreRefused) {
+  const std::string dir = MF_SCRIPTS_DIR;
+  if (!fs::exists(dir + "/test.sh")) GTEST_SKIP() << "no scripts at " << dir;
+  TempDir tmp;
+  const std::pair<const char*, const char*> cases[] = {
+      {"test.sh", "--sanitise"},       {"setup.sh", "--no-such-option"},
+      {"fetch_mnist.sh", "--help-me"}, {"bench.sh", "--no-such-option"},
+      {"fuzz.sh", "--help-me"},        {"fuzz.sh", "abc"},
+      {"skipped_tests.sh", "--x"},     {"device_check.sh", "--no-such-option"},
+      {"device_prepare.sh", "--no-such-option"}};
+  for (const auto& [name, bad] : cases) {
+    SCOPED_TRACE(std::string(name) + " " + bad);
+    const std::string script = dir + "/" + name;
+    const RunResult help = run_program(script, "--help", tmp);
+    EXPECT_EQ(help.status, 0) << help.err;
+    EXPECT_EQ(help.out.rfind(name, 0), 0u) << "--help should start with the script's name:\n" << help.out;
+    EXPECT_EQ(help.err, "");
+    const RunResult r = run_program(script, bad, tmp);
+    EXPECT_EQ(r.status, 2) << r.out << r.err;
+    EXPECT_EQ(count_lines(r.err), 1) << r.err;
+    EXPECT_NE(r.err.find("error: "), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find(std::string("'") + bad + "'"), std::string::npos) << r.err;
+    EXPECT_EQ(r.out, "");
+  }
+}
