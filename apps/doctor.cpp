@@ -371,7 +371,8 @@ static int run_main(int argc, char** argv) {
   bool require_gpu = false, burn_fp16 = false, no_color = false;
   apps::Flags flags("doctor", "[flags]\n\nChecks that this machine can train microflow's MNIST CNN: CPU, CUDA driver and\n"
                               "runtime, cuDNN and cuBLAS versions, GPUs, and smoke tests of a GEMM and a convolution\n"
-                              "(GPU against CPU). Exits 1 if a check FAILs; without a GPU it says why and exits 0.");
+                              "(GPU against CPU). Exit status: 0 no check FAILed (without a GPU it says why: that is\n"
+                              "a WARN unless --require-gpu); 1 a check FAILed; 2 a bad flag.");
   flags.add_bool("require-gpu", &require_gpu, "a missing or unusable GPU is a failure (exit 1)");
   flags.add_double("burn", &burn_seconds, 0, 86400,
                    "stress test: repeat large GEMMs on GPU 0 for this many seconds, checking every result");

@@ -210,7 +210,7 @@ std::string Flags::help() const {
     if (s.takes_value && !s.default_text.empty()) os << " [default: " << s.default_text << "]";
     os << "\n";
   }
-  os << "  --help                    this text\n";
+  os << "  -h, --help                this text\n";
   return os.str();
 }
 

@@ -99,14 +99,17 @@ static int run_main(int argc, char** argv) {
                                "Classifies images of handwritten digits (PNG, JPEG, BMP) with a checkpoint\n"
                                "written by train_mnist --save. Each image is prepared as MNIST's digits were: grey,\n"
                                "white ink on black (dark-on-light images are inverted), cropped to the ink, scaled to\n"
-                               "fit 20x20 and centred by its centre of mass in 28x28.");
+                               "fit 20x20 and centred by its centre of mass in 28x28.\n"
+                               "Exit status: 0 done; 1 an image, the checkpoint, the data or the device could not be\n"
+                               "used (an image that cannot be read is reported and the others are classified);\n"
+                               "2 a bad flag.");
   flags.allow_positional("IMAGE");
   flags.add_string("model", &model_path, "checkpoint to load (train_mnist --save)");
   flags.add_int("top", &top, 1, 10, "classes to print per image");
   flags.add_string("device", &device_name_flag, "where to run the model", {"cpu", "gpu", "auto"});
   flags.add_bool("ascii", &ascii, "print each image as the model sees it (28x28, after preprocessing)");
   flags.add_string("grid", &grid, "write a PNG grid of the misclassified test digits here, labelled true->predicted");
-  flags.add_string("data", &data_dir, "folder with the MNIST IDX files, for --grid");
+  flags.add_string("data", &data_dir, "folder with the MNIST IDX files, for --grid; $MF_DATA_DIR sets the default");
   flags.add_int("grid-max", &grid_max, 1, 10000, "at most this many digits in the --grid image");
   try {
     if (!flags.parse(argc, argv)) return 0;

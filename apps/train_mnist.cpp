@@ -133,7 +133,7 @@ static int run_main(int argc, char** argv) {
                                    "training; 2 a bad flag; 3 test accuracy below --min-accuracy; 130 stopped by Ctrl-C,\n"
                                    "143 by SIGTERM, 129 by SIGHUP (with --save, after saving the run).");
   flags.add_string("device", &o.device, "where to train", {"auto", "cpu", "gpu"});
-  flags.add_string("data", &o.data_dir, "folder with the four MNIST IDX files (raw or .gz)");
+  flags.add_string("data", &o.data_dir, "folder with the four MNIST IDX files (raw or .gz); $MF_DATA_DIR sets the default");
   flags.add_int("epochs", &o.epochs, 1, 1000, "training epochs");
   flags.add_int("batch-size", &o.batch_size, 1, 65536, "samples per step");
   flags.add_double("lr", &o.lr, 1e-8, 10.0, "learning rate");
@@ -157,10 +157,11 @@ static int run_main(int argc, char** argv) {
   flags.add_string("conv-algo", &o.conv_algo, "GPU: cuDNN algorithm choice", {"find", "heuristic"});
   flags.add_int("workspace-mb", &o.workspace_mb, 0, 1 << 20, "GPU: cuDNN workspace limit in MiB");
   flags.add_bool("verbose", &o.verbose, "after each epoch, print the kernels each layer ran (CPU) or its GPU algorithms and memory use");
-  flags.add_bool("quiet", &o.quiet, "no progress bar, one line per epoch");
+  flags.add_bool("quiet", &o.quiet, "no live progress bar: each epoch's lines are printed when it ends");
   flags.add_string("save", &o.save,
-                   "checkpoint here after every epoch and on Ctrl-C (mid-epoch: saved as not done, --resume reruns "
-                   "that epoch); an existing file is refused unless it is the --resume file or --overwrite is given");
+                   "checkpoint here after every epoch and when stopped by Ctrl-C, SIGTERM or SIGHUP (mid-epoch: saved "
+                   "as not done, --resume reruns that epoch); a file that exists and is not empty is refused unless it "
+                   "is the --resume file or --overwrite is given");
   flags.add_bool("overwrite", &o.overwrite, "let --save replace an existing file that is not the --resume file");
   flags.add_string("resume", &o.resume,
                    "continue the run in this checkpoint up to --epochs (its seed, batch size, precision, optimizer "
