@@ -972,6 +972,9 @@ def report(out_dir, more_dirs=()):
 
 
 if __name__ == "__main__":
-    if len(sys.argv) < 2:
+    if sys.argv[1:2] in (["-h"], ["--help"]):
+        print(__doc__)
+        sys.exit(0)
+    if len(sys.argv) < 2 or sys.argv[1].startswith("-"):
         sys.exit("usage: bench_report.py OUT_DIR [MORE_DIR ...] (folders with the benchmark JSON files)")
     report(sys.argv[1], sys.argv[2:])

@@ -25,9 +25,15 @@ import argparse
 import os
 import sys
 
-import numpy as np
-import torch
-import torch.nn.functional as F
+try:
+    import numpy as np
+    import torch
+    import torch.nn.functional as F
+except ImportError:
+    if "-h" in sys.argv[1:] or "--help" in sys.argv[1:]:  # the usage needs no PyTorch
+        print(__doc__)
+        sys.exit(0)
+    sys.exit(f"fp16_drift: error: PyTorch or NumPy is not installed for {sys.executable} (apt-get install python3-torch)")
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import compare_with_pytorch as ref  # noqa: E402  (the generator, Glorot draws, shuffles, Adam)

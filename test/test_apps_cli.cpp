@@ -1000,3 +1000,21 @@ TEST(Scripts, HelpPrintsTheUsageAndUnknownArgumentsAreRefused) {
     EXPECT_EQ(r.out, "");
   }
 }
+
+// The Python scripts print their usage on --help where PyTorch is not installed too:
+// fp16_drift.py stopped at `import numpy` with a traceback, compare_with_pytorch.py printed
+// "SKIPPED" (status 77), and bench_report.py took --help for a results folder.
+TEST(Scripts, PythonScriptsPrintTheirUsageWithoutPyTorch) {
+  const std::string dir = MF_SCRIPTS_DIR;
+  if (!fs::exists(dir + "/bench_report.py")) GTEST_SKIP() << "no scripts at " << dir;
+  if (std::system("python3 -c '' > /dev/null 2>&1") != 0) GTEST_SKIP() << "no python3";
+  TempDir tmp;
+  for (const char* name : {"fp16_drift.py", "compare_with_pytorch.py", "bench_report.py", "accuracy_over_seeds.py"}) {
+    SCOPED_TRACE(name);
+    const RunResult r = run_program("python3", sh_quote(dir + "/" + name) + " --help", tmp);
+    EXPECT_EQ(r.status, 0) << r.out << r.err;
+    EXPECT_EQ(r.err, "");
+    EXPECT_GT(count_lines(r.out), 3) << r.out;
+    EXPECT_NE(r.out.find(name), std::string::npos) << "the usage shows how to run the script:\n" << r.out;
+  }
+}
