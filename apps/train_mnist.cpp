@@ -21,6 +21,7 @@
 #include <new>
 #include <string>
 #include <utility>
+#include <vector>
 #include <unistd.h>
 
 #include "apps/atomic_file.h"
@@ -402,8 +403,18 @@ static int run_main(int argc, char** argv) {
                   : o.pipeline == "prefetch" ? Pipeline::kPrefetch
                   : o.pipeline == "naive"    ? Pipeline::kNaive
                                              : Pipeline::kAuto;
-    if (device == Device::kCpu && (o.pipeline != "auto" || o.no_graph))
-      std::fprintf(stderr, "train_mnist: note: --pipeline and --no-graph apply to the GPU only\n");
+    // The flags --help marks "GPU:", given for a run on the CPU, which ignores them.
+    if (device == Device::kCpu) {
+      std::vector<std::string> ignored;
+      for (const char* f : {"gpu", "gpu-memory-limit", "pipeline", "no-graph", "conv-algo", "workspace-mb"})
+        if (flags.given(f) && !(std::string(f) == "pipeline" && o.pipeline == "auto")) ignored.push_back(f);
+      std::string list;
+      for (std::size_t i = 0; i < ignored.size(); ++i)
+        list += (i == 0 ? "--" : i + 1 < ignored.size() ? ", --" : " and --") + ignored[i];
+      if (!ignored.empty())
+        std::fprintf(stderr, "train_mnist: note: %s appl%s to the GPU only\n", list.c_str(),
+                     ignored.size() == 1 ? "ies" : "y");
+    }
     if (device != Device::kCpu && o.dense_grad)
       std::fprintf(stderr, "train_mnist: note: --dense-grad applies to the CPU only\n");
 

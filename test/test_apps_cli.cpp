@@ -531,6 +531,28 @@ TEST(TrainMnistCli, OutputsOnTheDataFilesAreRefused) {
   EXPECT_TRUE(apps::read_file_bytes(images) == images_before) << "the images were overwritten";
 }
 
+// The flags --help marks "GPU:" do nothing on the CPU: a run there names the ones it was
+// given in one note (it named --pipeline and --no-graph only, and ignored --gpu,
+// --gpu-memory-limit, --conv-algo and --workspace-mb without a word), and trains all the same.
+TEST(TrainMnistCli, GpuOnlyFlagsOnTheCpuAreNamed) {
+  TempDir data("_data");
+  write_tiny_mnist(data);
+  const std::string run = "--device cpu --data " + sh_quote(data.file("")) + " --epochs 1 --quiet --validation-split 0 ";
+  const std::pair<const char*, const char*> cases[] = {
+      {"--conv-algo heuristic", "--conv-algo applies"},
+      {"--gpu 1 --workspace-mb 8 --conv-algo find", "--gpu, --conv-algo and --workspace-mb apply"},
+      {"--no-graph --gpu-memory-limit 100 --pipeline naive", "--gpu-memory-limit, --pipeline and --no-graph apply"},
+      {"--pipeline auto", nullptr}};  // what the CPU does anyway
+  for (const auto& [flags, note] : cases) {
+    SCOPED_TRACE(flags);
+    TempDir dir;
+    const RunResult r = run_program(MF_TRAIN_MNIST_BIN, run + flags, dir);
+    EXPECT_EQ(r.status, 0) << r.err;
+    EXPECT_EQ(r.err, note ? std::string("train_mnist: note: ") + note + " to the GPU only\n" : "");
+    EXPECT_NE(r.out.find("Test accuracy"), std::string::npos) << r.out;
+  }
+}
+
 // A model whose outputs overflow on held-out images (here: the last layer's weights of a
 // saved run scaled by 1e37; the training loss stays finite, if huge) is an error like a NaN
 // training loss: the epoch is not saved over the checkpoint, and a non-finite test loss is
