@@ -58,7 +58,8 @@ std::string hardware_description(Device device, int gpu_index) {
     os << g.name << ", sm_" << g.major << g.minor << ", " << g.multiprocessors << " SMs, "
        << format_bytes(g.total_memory);
   } else {
-    os << cpu_model_name() << ", " << mf::num_threads() << " threads";
+    const int n = mf::num_threads();
+    os << cpu_model_name() << ", " << n << (n == 1 ? " thread" : " threads");
   }
   return os.str();
 }
@@ -228,7 +229,8 @@ void write_metrics_json(const std::string& path, const RunInfo& info, const Hist
 }
 
 void print_cpu_report(Sequential& model) {
-  std::printf("CPU layers (%d threads):\n", cpu_pool().num_threads());
+  const int n = cpu_pool().num_threads();
+  std::printf("CPU layers (%d %s):\n", n, n == 1 ? "thread" : "threads");
   for (const auto& l : model.layers()) {
     const std::string c = l->cpu_config();
     if (!c.empty()) std::printf("  %-16s %-13s %s\n", l->name().c_str(), l->type().c_str(), c.c_str());

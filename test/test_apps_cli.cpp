@@ -405,6 +405,21 @@ TEST(TrainMnistCli, AutoDevicePicksTheGpuOrSaysWhyNot) {
   }
 }
 
+TEST(TrainMnistCli, OneThreadIsCountedInTheSingular) {
+  const std::string data = mnist_dir();
+  if (!fs::exists(data)) GTEST_SKIP() << "no MNIST at " << data;
+  TempDir dir;
+  const RunResult r = run_program(MF_TRAIN_MNIST_BIN,
+                                  "--device cpu --threads 1 --verbose --data " + sh_quote(data) +
+                                      " --quiet --limit-train 256 --epochs 1 --metrics-json " + sh_quote(dir.file("m.json")),
+                                  dir);
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.out.find(", 1 thread)"), std::string::npos) << r.out;       // the Training line
+  EXPECT_NE(r.out.find("CPU layers (1 thread):"), std::string::npos) << r.out;  // --verbose
+  EXPECT_EQ(r.out.find("1 threads"), std::string::npos) << r.out;
+  EXPECT_NE(apps::read_file_bytes(dir.file("m.json")).find(", 1 thread\""), std::string::npos);
+}
+
 TEST(TrainMnistCli, BadOutputAndCheckpointPathsGiveOneLine) {
   expect_one_line_error("--save /nonexistent/dir/run.ckpt", "--save /nonexistent/dir/run.ckpt: folder", kError);
   expect_one_line_error("--plot /nonexistent/dir/p.png", "--plot /nonexistent/dir/p.png: folder", kError);
