@@ -7,6 +7,9 @@
 // handle's stream (streams.h), so it runs inside a captured CUDA graph as it would on a GPU.
 // Every product is accumulated in double and rounded once to the output type, so the
 // results are as exact as the output type allows.
+// Operands that run past their allocation or lie in host memory fail the call
+// (CUBLAS_STATUS_EXECUTION_FAILED, with a line on stderr), where a GPU would read or write
+// them anyway.
 // What it does not: device pointer mode (alpha and beta are always read from the host),
 // reduced-precision paths (TF32, FAST_16F, ...: computed exactly, like _PEDANTIC), half or
 // double compute types, complex types, the batched and 64-bit-index calls, explicit
@@ -15,6 +18,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <vector>
 
 #include "tensor/half.h"
@@ -101,8 +105,37 @@ cublasStatus_t check_gemm(cublasHandle_t handle, cublasOperation_t transa, cubla
   return CUBLAS_STATUS_SUCCESS;
 }
 
+// Bytes from the first to the last element of a column-major rows x cols operand with
+// leading dimension ld; 0 when it has no element.
+std::size_t span_bytes(std::int64_t rows, std::int64_t cols, std::int64_t ld, Storage s) {
+  if (rows <= 0 || cols <= 0) return 0;
+  return static_cast<std::size_t>((cols - 1) * ld + rows) * (s == Storage::kF16 ? 2 : 4);
+}
+
+// The operand (of "A", "B", "C") that does not lie inside one device allocation, or null.
+// A and B are only checked when they are read (alpha != 0 and k > 0).
+const char* operand_off_device(const Gemm& g) {
+  const auto off = [](const void* p, std::size_t bytes) { return bytes > 0 && !mf::emulator::device_span(p, bytes); };
+  if (g.alpha != 0.0f && g.k > 0) {
+    if (off(g.a, span_bytes(g.trans_a ? g.k : g.m, g.trans_a ? g.m : g.k, g.lda, g.sa))) return "A";
+    if (off(g.b, span_bytes(g.trans_b ? g.n : g.k, g.trans_b ? g.k : g.n, g.ldb, g.sb))) return "B";
+  }
+  if (off(g.c, span_bytes(g.m, g.n, g.ldc, g.sc))) return "C";
+  return nullptr;
+}
+
 cublasStatus_t enqueue_gemm(cublasHandle_t handle, const Gemm& g) {
   if (g.m == 0 || g.n == 0) return CUBLAS_STATUS_SUCCESS;  // nothing to write, nothing queued
+  // cuBLAS itself does not check this: its kernel would run past the operand's allocation (or
+  // into host memory) and fault or use whatever lies there, so the call fails here instead.
+  if (const char* bad = operand_off_device(g)) {
+    std::fprintf(stderr,
+                 "emulated cuBLAS: GEMM operand %s (m %lld, n %lld, k %lld, lda %lld, ldb %lld, ldc %lld) is not "
+                 "inside one device allocation\n",
+                 bad, static_cast<long long>(g.m), static_cast<long long>(g.n), static_cast<long long>(g.k),
+                 static_cast<long long>(g.lda), static_cast<long long>(g.ldb), static_cast<long long>(g.ldc));
+    return CUBLAS_STATUS_EXECUTION_FAILED;
+  }
   if (!mf::emulator::enqueue(handle->stream, [g] { g.run(); })) return CUBLAS_STATUS_EXECUTION_FAILED;
   return CUBLAS_STATUS_SUCCESS;
 }

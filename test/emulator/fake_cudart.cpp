@@ -182,6 +182,11 @@ bool may_synchronize(CUstream_st* stream) {
 
 int take_last_error() { return std::exchange(last_error, cudaSuccess); }
 
+bool device_span(const void* p, std::size_t bytes) {
+  std::lock_guard<std::mutex> lock(mu());
+  return device_range(p, bytes) == 1;
+}
+
 void fail_next_graph_instantiate() { fail_instantiate = true; }
 
 }  // namespace mf::emulator

@@ -11,6 +11,9 @@
 // skipping of them runs. The work runs on the handle's stream (streams.h); it first
 // scribbles over the workspace the algorithm asked for, so a workspace that overlaps live
 // data shows. Products are accumulated in double and rounded once to the data type.
+// Operands (and the workspace) that run past their allocation or lie in host memory fail the
+// call (CUDNN_STATUS_EXECUTION_FAILED, with a line on stderr), where a GPU would read or write
+// them anyway.
 // What it does not: the graph (backend) API, grouped or N-D convolutions, strided
 // (non-packed) tensors, data types other than FLOAT and HALF, half-precision accumulation
 // (CUDNN_DATA_HALF compute type) and TF32, the alignment and channel-count rules of
@@ -19,8 +22,10 @@
 #include <cudnn.h>
 
 #include <algorithm>
+#include <array>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <vector>
 
@@ -424,6 +429,40 @@ void backward_filter(const Conv& v, const void* x, const void* dy, void* dw, flo
 
 // ---- the calls' shared steps ----
 
+// The element counts of a direction's operands, in the order the calls take them: (x, w, y)
+// forward, (w, dy, dx) backward data, (x, dy, dw) backward filter.
+std::array<std::int64_t, 3> operand_counts(Dir dir, const Conv& v) {
+  switch (dir) {
+    case Dir::kFwd: return {v.x_count(), v.w_count(), v.y_count()};
+    case Dir::kBwdData: return {v.w_count(), v.y_count(), v.x_count()};
+    case Dir::kBwdFilter: return {v.x_count(), v.y_count(), v.w_count()};
+  }
+  return {0, 0, 0};
+}
+
+// True when the operands and `workspace_bytes` of workspace each lie inside one device
+// allocation. cuDNN does not check this: its kernels would run past an operand whose
+// descriptor is larger than its buffer (or into host memory) and fault or use whatever lies
+// there, so the call fails here instead, with a line on stderr naming the operand.
+bool on_device(Dir dir, const Conv& v, const void* in0, const void* in1, const void* out, const void* workspace,
+               std::size_t workspace_bytes) {
+  static const char* const kNames[3][3] = {{"x", "w", "y"}, {"w", "dy", "dx"}, {"x", "dy", "dw"}};
+  const std::array<std::int64_t, 3> counts = operand_counts(dir, v);
+  const void* const ptrs[3] = {in0, in1, out};
+  for (int i = 0; i < 3; ++i)
+    if (!mf::emulator::device_span(ptrs[i], static_cast<std::size_t>(counts[static_cast<std::size_t>(i)]) * v.elem())) {
+      std::fprintf(stderr, "emulated cuDNN: %s (%lld elements) is not inside one device allocation\n",
+                   kNames[static_cast<int>(dir)][i], static_cast<long long>(counts[static_cast<std::size_t>(i)]));
+      return false;
+    }
+  if (workspace_bytes > 0 && !mf::emulator::device_span(workspace, workspace_bytes)) {
+    std::fprintf(stderr, "emulated cuDNN: the workspace (%zu bytes) is not inside one device allocation\n",
+                 workspace_bytes);
+    return false;
+  }
+  return true;
+}
+
 // A compute call's checks past the descriptors: pointers, the algorithm, its workspace.
 // Returns the algorithm's workspace size in *need.
 cudnnStatus_t check_compute(Dir dir, const Conv& v, int algo, const void* alpha, const void* beta, const void* in0,
@@ -435,6 +474,7 @@ cudnnStatus_t check_compute(Dir dir, const Conv& v, int algo, const void* alpha,
   *need = workspace_bytes(a->ws, v);
   if (workspace_bytes_given < *need) return CUDNN_STATUS_BAD_PARAM;
   if (*need > 0 && !workspace) return CUDNN_STATUS_BAD_PARAM;
+  if (!on_device(dir, v, in0, in1, out, workspace, *need)) return CUDNN_STATUS_EXECUTION_FAILED;
   return CUDNN_STATUS_SUCCESS;
 }
 
@@ -459,6 +499,7 @@ cudnnStatus_t find_algorithms(Dir dir, cudnnHandle_t handle, const Conv& v, cons
                               void* workspace, std::size_t workspace_bytes_given) {
   if (!in0 || !in1 || !out || requested < 1 || !returned || !perf_results) return CUDNN_STATUS_BAD_PARAM;
   if (!workspace && workspace_bytes_given > 0) return CUDNN_STATUS_BAD_PARAM;
+  if (!on_device(dir, v, in0, in1, out, workspace, workspace_bytes_given)) return CUDNN_STATUS_EXECUTION_FAILED;
   // Finding waits for the work, which a stream being captured into a graph forbids (the
   // capture is then invalidated, as CUDA does).
   if (!mf::emulator::may_synchronize(handle->stream)) return CUDNN_STATUS_BAD_PARAM_STREAM_MISMATCH;

@@ -9,6 +9,7 @@
 // stands for. What it cannot show is a missing wait between two streams: here the work of
 // the other stream has always finished already.
 #pragma once
+#include <cstddef>
 #include <functional>
 
 struct CUstream_st;  // cudaStream_t is CUstream_st*, in the real headers and in cuda_emulator.h
@@ -37,6 +38,13 @@ bool may_synchronize(CUstream_st* stream);
 // to 0 as cudaGetLastError takes it. The kernels' launch checks (cuda_emulator.h) read it
 // too, so an error that a failed call left behind surfaces at the next launch, as on a GPU.
 int take_last_error();
+
+// True when [p, p + bytes) lies inside one allocation of the emulated device memory: what
+// a kernel may read or write. cuBLAS's and cuDNN's fakes check their operands with it: on a
+// GPU their kernels read and write an operand that runs past its allocation (a leading
+// dimension or a size too large, operands swapped) or lies in host memory anyway, and get
+// another tensor's data, garbage or a fault.
+bool device_span(const void* p, std::size_t bytes);
 
 // For tests of how our code meets a refusal: the next cudaGraphInstantiate fails with
 // cudaErrorInvalidValue (and leaves that error behind), as the real one may for a graph it
