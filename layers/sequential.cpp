@@ -288,6 +288,7 @@ History Sequential::fit(const data::Dataset& train, const data::Dataset* validat
   if (options.batch_size < 1) throw std::invalid_argument("batch size must be at least 1");
   if (options.epochs < 0 || options.initial_epoch < 0) throw std::invalid_argument("epochs must be >= 0");
   if (train.count < 1) throw std::invalid_argument("fit: the training set is empty");
+  require_input_shape("Sequential::fit");  // else "the model takes ()" blamed the images
   if (Shape{train.rows, train.cols, 1} != input_shape_)
     throw std::invalid_argument("fit: images are " + std::to_string(train.rows) + "x" + std::to_string(train.cols) +
                                 ", the model takes " + input_shape_.str());

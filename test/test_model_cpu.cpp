@@ -246,15 +246,18 @@ TEST(ModelCpu, AddNamesUnnamedLayersAsKerasDoes) {
 }
 
 // A model whose input shape was never set says so, as Keras says a model is not built yet;
-// the first layer used to be asked about a batch of shape (1,) and blamed its input.
+// the first layer used to be asked about a batch of shape (1,) and blamed its input, and fit
+// said "images are 28x28, the model takes ()".
 TEST(ModelCpu, ShapesOfAModelWithoutAnInputShapeAskForIt) {
   mf::Rng rng(0);
   Sequential m;
   m.add(std::make_unique<mf::Flatten>());
   m.add(std::make_unique<mf::Dense>(144, 10, mf::Activation::kNone, rng));
+  m.compile(std::make_unique<mf::SGD>());
   const Dataset d = synthetic(4, 28, 28, 1);
   for (const auto& call : std::vector<std::function<void()>>{[&] { m.summary(); }, [&] { m.architecture(); },
                                                              [&] { m.output_shape(1); }, [&] { m.evaluate(d); },
+                                                             [&] { m.fit(d, nullptr, mf::FitOptions{}); },
                                                              [&] { m.predict(Tensor::zeros({1, 28, 28, 1})); }}) {
     try {
       call();
