@@ -224,7 +224,17 @@ void Sequential::to(Device device) {
   if (device == Device::kCpu && compute_dtype_ == DType::kF16)
     throw std::invalid_argument("Sequential::to(cpu): the model computes in FP16 (mixed precision), which runs on "
                                 "the GPU only; set_compute_dtype(f32) first");
-  for (auto& l : layers_) l->to(device);
+  // A layer that cannot move (no GPU, out of memory) throws; it and the layers moved before
+  // it go back (a layer moves back whichever of its tensors had moved), so that the model
+  // stays whole on its device and usable there.
+  for (std::size_t i = 0; i < layers_.size(); ++i) {
+    try {
+      layers_[i]->to(device);
+    } catch (...) {
+      for (std::size_t j = 0; j <= i; ++j) layers_[j]->to(device_);
+      throw;
+    }
+  }
   device_ = device;
   gpu_.reset();
 }

@@ -121,7 +121,8 @@ class Sequential {
 
   // Device and precision. FP16 exists on the GPU only (mixed precision: f16 activations
   // and weight copies, f32 masters in the optimizer): set_compute_dtype(f16) needs the model
-  // on the GPU, and to(cpu) an f32 model.
+  // on the GPU, and to(cpu) an f32 model. When a layer cannot move (no GPU, out of memory),
+  // to() throws its error and the model stays whole on the device it was on.
   void to(Device device);
   Device device() const { return device_; }
   void set_compute_dtype(DType dtype);

@@ -417,6 +417,24 @@ TEST(ModelCpu, MovingToTheDeviceWithoutOneThrows) {
   EXPECT_THROW(m.to(mf::Device::kGpu), mf::NoGpuError);
 }
 
+// A move that fails leaves every layer where it was, so that the model still runs there
+// (the usual "GPU if there is one" fallback). A first layer with nothing to copy (Flatten)
+// moved before the Dense failed, and predict then said its input was on the wrong device.
+TEST(ModelCpu, AFailedMoveLeavesEveryLayerWhereItWas) {
+  if (mf::gpu_available()) GTEST_SKIP() << "a GPU is present: this checks the no-GPU path";
+  mf::Rng rng(2);
+  Sequential m;
+  m.set_input_shape({2, 2, 1});
+  m.add(std::make_unique<mf::Flatten>());
+  m.add(std::make_unique<mf::Dense>(4, 3, mf::Activation::kNone, rng));
+  EXPECT_THROW(m.to(mf::Device::kGpu), mf::NoGpuError);
+  EXPECT_EQ(m.device(), mf::Device::kCpu);
+  for (const auto& l : m.layers()) EXPECT_EQ(l->device(), mf::Device::kCpu) << l->name();
+  const Tensor p = m.predict(Tensor::zeros({1, 2, 2, 1}));
+  ASSERT_EQ(p.shape(), Shape({1, 3}));
+  for (int j = 0; j < 3; ++j) EXPECT_FLOAT_EQ(p.data<float>()[j], 1.0f / 3) << j;  // zero bias, zero input
+}
+
 // cuDNN's tensors hold at most 2^31 - 1 elements. For the MNIST model the largest tensor
 // per image is the first convolution's output, 26 x 26 x 32 = 21,632 elements, so the GPU
 // takes batches of up to 2,147,483,647 / 21,632 = 99,273 (99,273 x 21,632 = 2,147,473,536;
