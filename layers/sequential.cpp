@@ -32,6 +32,18 @@ EvalResult Sequential::evaluate_gpu(const data::Dataset&, std::int64_t) {
 
 namespace mf {
 
+namespace {
+// Throws std::invalid_argument "<what> images are 7x9 with one channel, (7, 9, 1); the model
+// takes (7, 9)" unless d's images, one channel each, have the model's input shape. Their
+// shape is spelled out: "images are 7x9, the model takes (7, 9)" read as a match.
+void check_image_shape(const data::Dataset& d, const Shape& input_shape, const std::string& what) {
+  const Shape images{d.rows, d.cols, 1};
+  if (images == input_shape) return;
+  throw std::invalid_argument(what + " images are " + std::to_string(d.rows) + "x" + std::to_string(d.cols) +
+                              " with one channel, " + images.str() + "; the model takes " + input_shape.str());
+}
+}  // namespace
+
 const char* pipeline_name(Pipeline p) {
   switch (p) {
     case Pipeline::kAuto: return "auto";
@@ -299,12 +311,8 @@ History Sequential::fit(const data::Dataset& train, const data::Dataset* validat
   if (options.epochs < 0 || options.initial_epoch < 0) throw std::invalid_argument("epochs must be >= 0");
   if (train.count < 1) throw std::invalid_argument("fit: the training set is empty");
   require_input_shape("Sequential::fit");  // else "the model takes ()" blamed the images
-  if (Shape{train.rows, train.cols, 1} != input_shape_)
-    throw std::invalid_argument("fit: images are " + std::to_string(train.rows) + "x" + std::to_string(train.cols) +
-                                ", the model takes " + input_shape_.str());
-  if (validation && validation->count > 0 && Shape{validation->rows, validation->cols, 1} != input_shape_)
-    throw std::invalid_argument("fit: validation images are " + std::to_string(validation->rows) + "x" +
-                                std::to_string(validation->cols) + ", the model takes " + input_shape_.str());
+  check_image_shape(train, input_shape_, "fit:");
+  if (validation && validation->count > 0) check_image_shape(*validation, input_shape_, "fit: validation");
   // Every label a class of the model's output, checked before the first step: found at its
   // batch, a bad label stopped training with the weights already changed (in the validation
   // set, after a whole epoch).
@@ -429,9 +437,7 @@ EvalResult Sequential::evaluate(const data::Dataset& d, std::int64_t batch_size)
   data::check_dataset(d, "evaluate");  // a negative count or missing data is an error, not a zero result
   if (batch_size < 1) throw std::invalid_argument("evaluate: batch size must be at least 1");
   require_input_shape("Sequential::evaluate");  // else "the model takes ()" blamed the images
-  if (Shape{d.rows, d.cols, 1} != input_shape_)
-    throw std::invalid_argument("evaluate: images are " + std::to_string(d.rows) + "x" + std::to_string(d.cols) +
-                                ", the model takes " + input_shape_.str());
+  check_image_shape(d, input_shape_, "evaluate:");
   // As in predict(): a model the GPU cannot run even one image through gets its layer's own
   // error, before its output is looked at.
   if (device_ == Device::kGpu && !layers_.empty()) check_gpu_batch(1);

@@ -268,6 +268,34 @@ TEST(ModelCpu, ShapesOfAModelWithoutAnInputShapeAskForIt) {
   }
 }
 
+// Images that do not fit the model's input shape: the error spells out theirs, one channel
+// included. For a model taking (7, 9) it said "images are 7x9, the model takes (7, 9)".
+TEST(ModelCpu, ImagesOfAnotherShapeSpellOutTheirs) {
+  mf::Rng rng(3);
+  Sequential m;
+  m.set_input_shape({7, 9});
+  m.add(std::make_unique<mf::Flatten>());
+  m.add(std::make_unique<mf::Dense>(63, 10, mf::Activation::kNone, rng));
+  m.compile(std::make_unique<mf::SGD>());
+  const Dataset d = synthetic(4, 7, 9, 1);
+  const auto message_of = [](const std::function<void()>& call) -> std::string {
+    try {
+      call();
+    } catch (const std::invalid_argument& e) {
+      return e.what();
+    }
+    return "(no invalid_argument)";
+  };
+  EXPECT_EQ(message_of([&] { m.fit(d, nullptr, mf::FitOptions{}); }),
+            "fit: images are 7x9 with one channel, (7, 9, 1); the model takes (7, 9)");
+  m.set_input_shape({7, 9, 1});
+  const Dataset other = synthetic(4, 9, 7, 1);
+  EXPECT_EQ(message_of([&] { m.fit(d, &other, mf::FitOptions{}); }),
+            "fit: validation images are 9x7 with one channel, (9, 7, 1); the model takes (7, 9, 1)");
+  EXPECT_EQ(message_of([&] { m.evaluate(other); }),
+            "evaluate: images are 9x7 with one channel, (9, 7, 1); the model takes (7, 9, 1)");
+}
+
 // Images too small for the model: the error names the layer they do not fit (the size
 // checks of Conv2D and MaxPooling2D gave only the type, not which of the model's two).
 TEST(ModelCpu, ImagesTooSmallNameTheLayer) {
