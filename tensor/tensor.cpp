@@ -238,7 +238,9 @@ std::vector<float> Tensor::to_vector() const {
 }
 
 Tensor Tensor::reshape(const Shape& shape) const {
-  if (shape.numel() != numel())
+  // An undefined tensor counts one element (shape ()), so a reshape to (1,) passed the check
+  // and gave a tensor with a shape and no memory.
+  if (!defined() || shape.numel() != numel())
     throw std::invalid_argument("reshape: " + describe() + " to " + shape.str());
   Tensor t = *this;
   t.shape_ = shape;

@@ -90,7 +90,7 @@ class Tensor {
   Tensor clone() const;
 
   // Views sharing this tensor's storage.
-  Tensor reshape(const Shape& shape) const;             // same numel
+  Tensor reshape(const Shape& shape) const;             // same numel; the tensor must be defined
   Tensor slice(std::int64_t begin, std::int64_t end) const;  // rows [begin, end) of dim 0
 
   // Copies src (same shape and dtype, any devices) into this tensor. src may overlap this

@@ -250,6 +250,16 @@ TEST(Tensor, ReshapeAndSliceAreViews) {
   EXPECT_THROW(t.slice(-1, 2), std::invalid_argument);
   EXPECT_THROW(t.slice(3, 2), std::invalid_argument);
 
+  // an undefined tensor has no view: as a scalar's one element, a reshape to (1,) gave a
+  // tensor with a shape and no memory
+  try {
+    (void)Tensor().reshape({1});
+    ADD_FAILURE() << "reshape of an undefined tensor accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_STREQ(e.what(), "reshape: undefined tensor to (1,)");
+  }
+  EXPECT_THROW((void)Tensor().slice(0, 0), std::invalid_argument);
+
   // f16 slices count in 2-byte elements
   Tensor h = Tensor::zeros({10, 3}, DType::kF16);
   EXPECT_EQ(static_cast<char*>(h.slice(4, 10).raw()) - static_cast<char*>(h.raw()), 4 * 3 * 2);
