@@ -53,21 +53,21 @@ void Layer::check_gpu_batch(const Shape& in) const {
 }
 
 const Tensor& Layer::forward(const Tensor& x) {
-  if (!x.defined()) throw std::invalid_argument(type() + ": forward of an undefined tensor");
+  if (!x.defined()) throw std::invalid_argument(label() + ": forward of an undefined tensor");
   if (x.device() != device_)
-    throw std::invalid_argument(type() + ": input is on the " + device_name(x.device()) +
+    throw std::invalid_argument(label() + ": input is on the " + device_name(x.device()) +
                                 " but the layer's parameters are on the " + device_name(device_) +
                                 " (call to(Device) on the model first)");
   const DType want = device_ == Device::kGpu ? compute_dtype_ : DType::kF32;
   if (x.dtype() != want)
-    throw std::invalid_argument(type() + ": input is " + dtype_name(x.dtype()) + ", this layer computes in " +
+    throw std::invalid_argument(label() + ": input is " + dtype_name(x.dtype()) + ", this layer computes in " +
                                 dtype_name(want));
   // The output buffer y_ is resized and overwritten below, so an input living in it (the
   // tensor the last forward returned, or a slice of it) would be read while it is being
   // written, or after it is gone: a wrong result with no error. A view layer (Flatten)
   // writes no buffer of its own, so its output may come back in.
   if (!output_is_view() && y_.shares_storage(x))
-    throw std::invalid_argument(type() + ": the input is this layer's own output buffer, which this forward would "
+    throw std::invalid_argument(label() + ": the input is this layer's own output buffer, which this forward would "
                                          "overwrite; pass a copy (clone())");
   const Shape out = output_shape(x.shape());
   if (device_ == Device::kGpu) check_gpu_batch(x.shape());
@@ -85,10 +85,10 @@ const Tensor& Layer::forward(const Tensor& x) {
 
 const Tensor& Layer::backward(const Tensor& dy) {
   if (!forward_done_)
-    throw std::logic_error(type() + ": backward() without a forward() in training mode");
+    throw std::logic_error(label() + ": backward() without a forward() in training mode");
   const Shape out = output_shape(x_.shape());
   if (!dy.defined() || dy.shape() != out || dy.dtype() != y_.dtype() || dy.device() != device_)
-    throw std::invalid_argument(type() + ": gradient " + dy.describe() +
+    throw std::invalid_argument(label() + ": gradient " + dy.describe() +
                                 " does not match the output " + y_.describe());
   if (!needs_input_grad_) dx_ = Tensor();
   else if (!output_is_view()) ensure(dx_, x_.shape(), x_.dtype(), x_.device());

@@ -968,6 +968,28 @@ TEST(LayerChecks, BackwardNeedsATrainingForwardAndAMatchingGradient) {
   }
 }
 
+// The checks of forward() and backward() name the layer, as its size errors do: in a model
+// with two Dense layers "Dense: gradient ... does not match" did not say which.
+TEST(LayerChecks, ForwardAndBackwardErrorsNameTheLayer) {
+  mf::Rng rng(107);
+  mf::Dense dense(4, 2, Activation::kNone, rng);
+  dense.set_name("dense_1");
+  expect_invalid([&] { dense.forward(Tensor()); }, {"Dense 'dense_1': forward of an undefined tensor"});
+  expect_invalid([&] { dense.forward(Tensor::zeros({1, 4}, DType::kI32)); }, {"Dense 'dense_1': input is i32"});
+  EXPECT_THROW(dense.backward(Tensor::zeros({1, 2})), std::logic_error);
+  try {
+    dense.backward(Tensor::zeros({1, 2}));
+  } catch (const std::logic_error& e) {
+    EXPECT_STREQ(e.what(), "Dense 'dense_1': backward() without a forward() in training mode");
+  }
+  dense.forward(Tensor::zeros({3, 4}));
+  expect_invalid([&] { dense.backward(Tensor::zeros({3, 3})); }, {"Dense 'dense_1': gradient f32 (3, 3)"});
+  mf::Dense square(2, 2, Activation::kNone, rng);
+  square.set_name("dense_2");
+  const Tensor& y = square.forward(Tensor::zeros({3, 2}));
+  expect_invalid([&] { square.forward(y); }, {"Dense 'dense_2': the input is this layer's own output buffer"});
+}
+
 TEST(LayerChecks, ConstructorsRejectBadSizesAndCountParameters) {
   mf::Rng rng(103);
   EXPECT_THROW(mf::Conv2D(0, 4, 3, Activation::kRelu, rng), std::invalid_argument);
