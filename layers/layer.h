@@ -32,7 +32,12 @@ enum class Activation { kNone, kRelu };
 
 class Layer {
  public:
+  Layer() = default;
   virtual ~Layer() = default;
+  // Not copyable: a copy would share the original's buffers (Tensors are handles), so that
+  // a forward of either overwrote the other's output and the winners its backward reads.
+  Layer(const Layer&) = delete;
+  Layer& operator=(const Layer&) = delete;
 
   virtual std::string type() const = 0;  // "Conv2D", as Keras's summary shows it
   const std::string& name() const { return name_; }

@@ -10,6 +10,7 @@
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "layers/conv2d.h"
@@ -966,6 +967,17 @@ TEST(LayerChecks, BackwardNeedsATrainingForwardAndAMatchingGradient) {
     EXPECT_THROW(l.backward(Tensor()), std::invalid_argument);
     EXPECT_NO_THROW(l.backward(Tensor::zeros(out)));
   }
+}
+
+// A layer is not copyable: a copy shared the original's output and argmax buffers, so that
+// after b = a and b.forward(x2), a's output was b's and a's backward routed its gradient to
+// x2's maximum.
+TEST(LayerChecks, LayersAreNotCopyable) {
+  EXPECT_FALSE(std::is_copy_constructible_v<mf::MaxPool2D>);
+  EXPECT_FALSE(std::is_copy_assignable_v<mf::MaxPool2D>);
+  EXPECT_FALSE(std::is_copy_constructible_v<mf::Flatten>);
+  EXPECT_FALSE(std::is_copy_constructible_v<mf::Dense>);
+  EXPECT_FALSE(std::is_copy_constructible_v<mf::Conv2D>);
 }
 
 // The checks of forward() and backward() name the layer, as its size errors do: in a model
