@@ -323,6 +323,9 @@ History Sequential::fit(const data::Dataset& train, const data::Dataset* validat
   // sized for what a step can hold, not for the number asked.
   FitOptions o = options;
   o.batch_size = std::min(options.batch_size, train.count);
+  // The optimizer zeroes the gradients after each step, not before: what a backward() of the
+  // caller's own left there would join the first step's gradient.
+  for (Parameter* p : parameters()) p->grad.fill_zero();
   // fitting_ is true for the fit's duration, and false again however it ends.
   struct Fitting {
     bool& flag;

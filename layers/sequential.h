@@ -140,6 +140,8 @@ class Sequential {
   // Back-propagates d loss / d logits through every layer, accumulating gradients.
   void backward(const Tensor& dlogits);
 
+  // Trains as Keras's fit does: each step's gradient is its batch's alone, so gradients a
+  // backward() outside fit left in the parameters are dropped before the first step.
   History fit(const data::Dataset& train, const data::Dataset* validation, const FitOptions& options,
               const FitCallbacks& callbacks = {});
   // Loss and accuracy over d. Throws std::invalid_argument, before any batch runs, when the

@@ -812,6 +812,31 @@ TEST(ModelCpu, BatchLargerThanTheDataIsTheWholeData) {
   EXPECT_EQ(w[0], w[1]);
 }
 
+// fit's steps use their batch's gradient alone, as in Keras: a forward and backward of the
+// caller's own before it (looking at the gradients, say) left gradients that the first step
+// added to its own.
+TEST(ModelCpu, FitDropsGradientsLeftByABackwardBeforeIt) {
+  const Dataset d = synthetic(10, 28, 28, 5);
+  mf::FitOptions o;
+  o.epochs = 1;
+  o.batch_size = 10;
+  std::vector<float> w[2];
+  for (int i = 0; i < 2; ++i) {
+    Sequential m = compiled_cnn(6);
+    if (i == 1) {
+      mf::Rng rng(7);
+      Tensor stats = Tensor::zeros({mf::kNumStats}), dlogits;
+      Tensor labels = Tensor::zeros({4}, mf::DType::kI32);
+      mf::softmax_xent(m.forward(mf::testing::uniform({4, 28, 28, 1}, 0, 1, rng)), labels, stats, &dlogits);
+      m.backward(dlogits);
+    }
+    m.fit(d, nullptr, o);
+    EXPECT_EQ(m.optimizer()->iterations(), 1);
+    w[i] = all_weights(m);
+  }
+  EXPECT_EQ(w[0], w[1]);
+}
+
 // A label that is not one of the model's classes is refused before the first step, in the
 // training set or the validation set (found at its batch, it stopped training with the
 // weights already changed; in the validation set, after a whole epoch).
