@@ -20,7 +20,8 @@ class Rng;
 constexpr std::int64_t kCudnnMaxElements = INT32_MAX;
 
 // A trainable tensor. The optimizer owns the update; layers only read `value` (or `half`)
-// and accumulate into `grad`.
+// and accumulate into `grad`. Its attach() makes value and grad views of its own buffers:
+// load new values with value.copy_from(), as a tensor put in their place is not updated.
 struct Parameter {
   std::string name;  // "kernel" or "bias", as Keras names them
   Tensor value;      // f32: the master copy

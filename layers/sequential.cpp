@@ -273,6 +273,11 @@ void Sequential::compile(std::unique_ptr<Optimizer> optimizer) {
   // that has no parameters to update.
   optimizer->attach(parameters());
   optimizer_ = std::move(optimizer);
+  packed_.clear();
+  for (const Parameter* p : parameters()) {
+    packed_.push_back(p->value.raw());
+    packed_.push_back(p->grad.raw());
+  }
 }
 
 const Tensor& Sequential::forward(const Tensor& x) {
@@ -301,6 +306,17 @@ History Sequential::fit(const data::Dataset& train, const data::Dataset* validat
                         const FitCallbacks& callbacks) {
   if (!optimizer_) throw std::logic_error("Sequential::fit before compile()");
   if (fitting_) throw std::logic_error("Sequential::fit during fit (from a callback): one fit at a time");
+  // A parameter given another tensor since compile() (to load weights, say) is no longer the
+  // optimizer's: its layer would not train, without a word.
+  std::size_t packed = 0;
+  for (const auto& l : layers_)
+    for (const Parameter* p : l->parameters()) {
+      if (p->value.raw() != packed_.at(packed) || p->grad.raw() != packed_.at(packed + 1))
+        throw std::logic_error("fit: the " + p->name + " of " + l->label() +
+                               " was replaced by another tensor after compile(), and the optimizer updates the one "
+                               "it had; copy new values into it (value.copy_from()) or compile() again");
+      packed += 2;
+    }
   // Both datasets consistent (count, image bytes and labels agree) before anything is sized
   // from their counts or trained: a count with no data behind it would otherwise size an
   // epoch's permutation (2^31 indices for a count of 2^31 - 1) before the first batch found

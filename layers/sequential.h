@@ -130,7 +130,10 @@ class Sequential {
   void set_training(bool training);
 
   // Attaches the optimizer (it packs the parameters into flat buffers on the model's
-  // device). Call after to() and set_compute_dtype().
+  // device, and makes each Parameter's value and grad views of them). Call after to() and
+  // set_compute_dtype(). To load weights afterwards, copy them into the values
+  // (value.copy_from()): fit() throws std::logic_error for a value or grad replaced by
+  // another tensor, which the optimizer would not update.
   void compile(std::unique_ptr<Optimizer> optimizer);
   Optimizer* optimizer() { return optimizer_.get(); }
 
@@ -198,6 +201,10 @@ class Sequential {
   Device device_ = Device::kCpu;
   DType compute_dtype_ = DType::kF32;
   std::unique_ptr<Optimizer> optimizer_;
+  // Where each parameter's value and gradient were when compile() packed them into the
+  // optimizer's buffers (value, grad, value, grad, ... in parameters() order): fit() refuses
+  // a parameter whose tensor was replaced since, which the optimizer would never update.
+  std::vector<const void*> packed_;
   // True while fit() runs: a callback may predict or evaluate, but not compile (the running
   // fit holds the optimizer, and on the GPU its buffers) or start another fit.
   bool fitting_ = false;

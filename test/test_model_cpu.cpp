@@ -837,6 +837,34 @@ TEST(ModelCpu, FitDropsGradientsLeftByABackwardBeforeIt) {
   EXPECT_EQ(w[0], w[1]);
 }
 
+// compile() makes the parameters views of the optimizer's buffers. Weights loaded by putting
+// another tensor in a parameter's place were never updated: that layer did not train, with
+// no error. fit refuses it; copying the values in trains, and so does compiling again.
+TEST(ModelCpu, FitRefusesAParameterReplacedAfterCompile) {
+  const Dataset d = synthetic(10, 28, 28, 8);
+  mf::FitOptions o;
+  o.epochs = 1;
+  Sequential m = compiled_cnn(9);
+  mf::Dense& last = static_cast<mf::Dense&>(*m.layers().back());
+  const Tensor loaded = Tensor::zeros(last.weight().value.shape());
+  last.weight().value = loaded.clone();
+  try {
+    m.fit(d, nullptr, o);
+    ADD_FAILURE() << "a replaced kernel was accepted";
+  } catch (const std::logic_error& e) {
+    EXPECT_STREQ(e.what(),
+                 "fit: the kernel of Dense 'dense_1' was replaced by another tensor after compile(), and the optimizer "
+                 "updates the one it had; copy new values into it (value.copy_from()) or compile() again");
+  }
+  EXPECT_EQ(m.optimizer()->iterations(), 0);
+  m.compile(std::make_unique<mf::Adam>());
+  m.fit(d, nullptr, o);
+  EXPECT_NE(last.weight().value.to_vector(), loaded.to_vector());  // trained
+  last.weight().value.copy_from(loaded);
+  m.fit(d, nullptr, o);
+  EXPECT_NE(last.weight().value.to_vector(), loaded.to_vector());
+}
+
 // A label that is not one of the model's classes is refused before the first step, in the
 // training set or the validation set (found at its batch, it stopped training with the
 // weights already changed; in the validation set, after a whole epoch).
