@@ -18,7 +18,7 @@ Keras's Adam on f32 master weights:
 It is an emulation (float32 arithmetic between the roundings, PyTorch's summation
 order), not the GPU path itself: it shows how much f16 rounding alone moves the result.
 
-Usage (Debian's python3-torch, CPU; about a minute per seed on two cores):
+Usage (Debian's python3-torch, CPU; about four minutes per seed on two cores):
   scripts/fp16_drift.py --data .cache/mnist --seeds 0-19
 """
 import argparse
@@ -100,6 +100,9 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
+    # PyTorch's own convolutions, not oneDNN's, whose AVX2 backward pass (the one taken on a
+    # CPU without AVX-512) has gradient errors far above rounding: see compare_with_pytorch.py.
+    torch.backends.mkldnn.enabled = False
 
     def to_x(a):
         return torch.from_numpy(a.astype(np.float32) / np.float32(255.0)).unsqueeze(1)
