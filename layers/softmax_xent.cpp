@@ -24,13 +24,37 @@ void check_args(const Tensor& logits, const Tensor& labels, const Tensor& stats)
       labels.device() != logits.device())
     throw std::invalid_argument("softmax_xent: stats/labels must be on the logits' device; stats (3) f32");
 }
+
+// True when a and b are views of one storage whose bytes intersect.
+bool overlaps(const Tensor& a, const Tensor& b) {
+  if (!a.shares_storage(b) || a.nbytes() == 0 || b.nbytes() == 0) return false;
+  const char* pa = static_cast<const char*>(a.raw());
+  const char* pb = static_cast<const char*>(b.raw());
+  return pa < pb + b.nbytes() && pb < pa + a.nbytes();
+}
+
+// The gradient may not be written over the logits, labels or statistics it is computed from.
+// The GPU kernel's lanes write a row's gradients while lane 0 still reads its label's logit
+// (and its pointers are __restrict__), so that would be a race there; the CPU would get it
+// right for dlogits == logits, but refusing it on both keeps code that runs on the CPU
+// correct on the GPU.
+void check_gradient_buffer(const Tensor& dlogits, const Tensor& logits, const Tensor& labels, const Tensor& stats) {
+  const char* what = overlaps(dlogits, logits) ? "logits" : overlaps(dlogits, labels) ? "labels"
+                     : overlaps(dlogits, stats) ? "stats" : nullptr;
+  if (what)
+    throw std::invalid_argument(std::string("softmax_xent: the gradient ") + dlogits.describe() + " overlaps the " +
+                                what + " it is computed from; give it a buffer of its own");
+}
 }  // namespace
 
 void softmax_xent(const Tensor& logits, const Tensor& labels, Tensor& stats, Tensor* dlogits, float grad_scale,
                   const float* scale) {
   check_args(logits, labels, stats);
   const std::int64_t n = logits.dim(0), k = logits.dim(1);
-  if (dlogits) ensure(*dlogits, logits.shape(), logits.dtype(), logits.device());
+  if (dlogits) {
+    ensure(*dlogits, logits.shape(), logits.dtype(), logits.device());
+    check_gradient_buffer(*dlogits, logits, labels, stats);
+  }
   if (logits.is_gpu()) {
     launch_softmax_xent(logits.raw(), logits.dtype() == DType::kF16, labels.data<std::int32_t>(), n, k,
                         dlogits ? dlogits->raw() : nullptr, grad_scale / static_cast<float>(n), scale,

@@ -14,7 +14,8 @@ constexpr int kStatLossSum = 0, kStatCorrect = 1, kStatCount = 2, kNumStats = 3;
 // When dlogits is not null, writes d(mean loss)/d logits * grad_scale =
 // (softmax - onehot) * grad_scale / N into it: in place when it has the logits' shape,
 // dtype and device already (a slice of a larger tensor too), else into the buffer
-// ensure() makes of it. `scale` (GPU only, may be null) is a
+// ensure() makes of it. It may not overlap the logits, labels or stats
+// (std::invalid_argument). `scale` (GPU only, may be null) is a
 // device pointer whose value multiplies grad_scale (the dynamic loss scale).
 // A prediction is correct when the label's logit is the largest (first index on ties,
 // NaN logits never win).

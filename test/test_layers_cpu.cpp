@@ -738,6 +738,44 @@ TEST(SoftmaxXentCpu, GradientIntoASliceStaysInTheSlice) {
   EXPECT_EQ(all.to_vector(), std::vector<float>({0.0f, 0.0f, -0.25f, 0.25f, -0.25f, 0.25f}));
 }
 
+// The gradient may not overlap what it is computed from: on the GPU that is a race (the
+// kernel's lanes overwrite a row while lane 0 reads its label's logit), so both devices
+// refuse it, naming what it overlaps. Disjoint views of one buffer are fine.
+TEST(SoftmaxXentCpu, GradientMayNotOverlapWhatItIsComputedFrom) {
+  const auto expect_refused = [](const Tensor& z, const Tensor& y, Tensor& stats, Tensor& dz, const char* what) {
+    try {
+      mf::softmax_xent(z, y, stats, &dz);
+      ADD_FAILURE() << "a gradient over the " << what << " was accepted";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find(std::string("overlaps the ") + what), std::string::npos) << e.what();
+    }
+  };
+  Tensor stats = Tensor::zeros({mf::kNumStats});
+  const Tensor y = labels_of({0, 1});
+  Tensor z = Tensor::from_vector({2, 2}, {1, 2, 3, 4});
+  Tensor same = z;
+  expect_refused(z, y, stats, same, "logits");
+  Tensor rows = Tensor::zeros({3, 2});
+  rows.slice(0, 2).copy_from(z);
+  Tensor shifted = rows.slice(1, 3);
+  expect_refused(rows.slice(0, 2), y, stats, shifted, "logits");
+  EXPECT_EQ(z.to_vector(), std::vector<float>({1, 2, 3, 4}));  // nothing written
+  EXPECT_EQ(stats.to_vector(), std::vector<float>({0, 0, 0}));
+
+  Tensor flat = Tensor::zeros({7});
+  Tensor stats_in_flat = flat.slice(3, 6);
+  Tensor dz_in_flat = flat.slice(0, 4).reshape({2, 2});
+  expect_refused(z, y, stats_in_flat, dz_in_flat, "stats");
+
+  // Disjoint rows of one buffer: the gradient lands in its own rows, the logits stay.
+  Tensor both = Tensor::zeros({4, 2});
+  both.slice(0, 2).copy_from(Tensor::from_vector({2, 2}, {0, 0, 0, 0}));
+  Tensor below = both.slice(2, 4);
+  mf::softmax_xent(both.slice(0, 2), y, stats, &below);
+  EXPECT_EQ(both.to_vector(), std::vector<float>({0, 0, 0, 0, -0.25f, 0.25f, 0.25f, -0.25f}));
+  EXPECT_EQ(stats.data<float>()[mf::kStatCount], 2.0f);
+}
+
 TEST(SoftmaxXentCpu, TiesPickTheFirstIndex) {
   // rows: max shared by classes 1 and 2
   const Tensor z = Tensor::from_vector({3, 4}, {1, 3, 3, 0, 1, 3, 3, 0, 5, 5, 5, 5});

@@ -476,4 +476,23 @@ TEST(LayerGpu, SoftmaxXentRefusesLogitsThatAreNotFloats) {
   EXPECT_NO_THROW(mf::softmax_xent(Tensor::zeros({2, 10}, DType::kF16, Device::kGpu), labels, stats, nullptr));
 }
 
+// A gradient written over the logits raced in the kernel (lanes overwrite a row while lane 0
+// reads its label's logit); it is refused as on the CPU. Disjoint rows of one buffer work.
+TEST(LayerGpu, SoftmaxXentRefusesAGradientOverItsLogits) {
+  MF_SKIP_WITHOUT_GPU();
+  Tensor host_labels = Tensor::empty({2}, DType::kI32);
+  host_labels.data<std::int32_t>()[0] = 0;
+  host_labels.data<std::int32_t>()[1] = 1;
+  const Tensor labels = host_labels.to(Device::kGpu);
+  Tensor stats = Tensor::zeros({mf::kNumStats}, DType::kF32, Device::kGpu);
+  Tensor both = Tensor::zeros({4, 2}, DType::kF32, Device::kGpu);
+  Tensor same = both.slice(0, 2);
+  EXPECT_THROW(mf::softmax_xent(both.slice(0, 2), labels, stats, &same), std::invalid_argument);
+  Tensor shifted = both.slice(1, 3);
+  EXPECT_THROW(mf::softmax_xent(both.slice(0, 2), labels, stats, &shifted), std::invalid_argument);
+  Tensor below = both.slice(2, 4);
+  mf::softmax_xent(both.slice(0, 2), labels, stats, &below);
+  EXPECT_EQ(to_host(both).to_vector(), std::vector<float>({0, 0, 0, 0, -0.25f, 0.25f, 0.25f, -0.25f}));
+}
+
 }  // namespace
