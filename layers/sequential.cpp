@@ -96,12 +96,17 @@ std::string snake_case(const std::string& type) {
 Layer& Sequential::add(std::unique_ptr<Layer> layer) {
   if (!layer) throw std::invalid_argument("Sequential::add: the layer is null");
   if (optimizer_) throw std::logic_error("Sequential::add after compile()");
+  const auto taken = [&](const std::string& name) {
+    return std::any_of(layers_.begin(), layers_.end(), [&](const auto& l) { return l->name() == name; });
+  };
+  // A name keys the layer's saved weights ("conv2d/kernel"), so two alike would collide;
+  // refused here, as Keras does, rather than when a checkpoint is first saved.
+  if (!layer->name().empty() && taken(layer->name()))
+    throw std::invalid_argument("Sequential::add: the model already has a layer named '" + layer->name() +
+                                "'; layer names must be unique");
   if (layer->name().empty()) {
     // Unnamed layers would all save their weights as "/kernel" and "/bias".
     const std::string base = snake_case(layer->type());
-    const auto taken = [&](const std::string& name) {
-      return std::any_of(layers_.begin(), layers_.end(), [&](const auto& l) { return l->name() == name; });
-    };
     std::string name = base;
     for (int k = 1; taken(name); ++k) name = base + "_" + std::to_string(k);
     layer->set_name(name);
@@ -268,6 +273,12 @@ void Sequential::compile(std::unique_ptr<Optimizer> optimizer) {
   if (!optimizer) throw std::invalid_argument("Sequential::compile: the optimizer is null");
   if (fitting_)
     throw std::logic_error("Sequential::compile during fit (from a callback): the running fit uses the optimizer");
+  // A layer renamed after add() (add(...).set_name(...)) may have taken another's name.
+  for (std::size_t i = 0; i < layers_.size(); ++i)
+    for (std::size_t j = 0; j < i; ++j)
+      if (layers_[i]->name() == layers_[j]->name())
+        throw std::invalid_argument("Sequential::compile: layers " + std::to_string(j) + " and " + std::to_string(i) +
+                                    " are both named '" + layers_[i]->name() + "'; layer names must be unique");
   // Attach first: when it throws (a model with no parameters, say), the model must stay
   // uncompiled, with its previous optimizer if it had one, rather than hold an optimizer
   // that has no parameters to update.

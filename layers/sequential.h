@@ -96,6 +96,8 @@ class Sequential {
   // from the second of a kind on ("conv2d", "max_pooling2d", "conv2d_1"). Numbers count
   // within this model, not across every model built so far as in a Keras session, so a
   // model's names (and the keys of its saved weights) do not depend on what came before it.
+  // A name already in the model throws std::invalid_argument (so does compile(), for a
+  // layer renamed after add() into another's name).
   Layer& add(std::unique_ptr<Layer> layer);
   const std::vector<std::unique_ptr<Layer>>& layers() const { return layers_; }
   std::vector<Parameter*> parameters();

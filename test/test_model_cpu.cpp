@@ -245,6 +245,36 @@ TEST(ModelCpu, AddNamesUnnamedLayersAsKerasDoes) {
   EXPECT_NE(m.summary().find(" conv2d_1 (Conv2D) "), std::string::npos) << m.summary();
 }
 
+// Two layers of one name would save their weights under the same keys: a name taken is
+// refused at add(), and compile() refuses one given after add() (add(...).set_name(...)).
+// Both used to be accepted, and only saving a checkpoint said so.
+TEST(ModelCpu, LayerNamesMustBeUnique) {
+  mf::Rng rng(0);
+  Sequential m;
+  m.set_input_shape(Shape{8, 8, 1});
+  m.add(std::make_unique<mf::Conv2D>(1, 4, 3, mf::Activation::kRelu, rng));
+  auto clash = std::make_unique<mf::Flatten>();
+  clash->set_name("conv2d");
+  try {
+    m.add(std::move(clash));
+    ADD_FAILURE() << "a second layer named conv2d was added";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("already has a layer named 'conv2d'"), std::string::npos) << e.what();
+  }
+  ASSERT_EQ(m.layers().size(), 1u);
+  m.add(std::make_unique<mf::Flatten>());
+  m.add(std::make_unique<mf::Dense>(144, 3, mf::Activation::kNone, rng)).set_name("flatten");
+  try {
+    m.compile(std::make_unique<mf::SGD>());
+    ADD_FAILURE() << "two layers named flatten were compiled";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("layers 1 and 2 are both named 'flatten'"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(m.optimizer(), nullptr);
+  m.layers()[2]->set_name("logits");
+  EXPECT_NO_THROW(m.compile(std::make_unique<mf::SGD>()));
+}
+
 // A model whose input shape was never set says so, as Keras says a model is not built yet;
 // the first layer used to be asked about a batch of shape (1,) and blamed its input, and fit
 // said "images are 28x28, the model takes ()".
