@@ -15,8 +15,9 @@ class Shape {
   explicit Shape(std::vector<std::int64_t> dims) : dims_(std::move(dims)) { validate(); }
 
   int rank() const { return static_cast<int>(dims_.size()); }
-  std::int64_t operator[](int i) const { return dims_.at(static_cast<std::size_t>(i)); }
-  std::int64_t& operator[](int i) { return dims_.at(static_cast<std::size_t>(i)); }
+  // Dimension i, 0 <= i < rank(); any other i throws std::out_of_range naming it and the shape.
+  std::int64_t operator[](int i) const { return dims_[checked(i)]; }
+  std::int64_t& operator[](int i) { return dims_[checked(i)]; }
   const std::vector<std::int64_t>& dims() const { return dims_; }
   // Product of all dimensions (1 for a scalar). Throws std::overflow_error when it does not
   // fit in int64: a wrapped count (2^62 x 784 wraps to 0) would pass every size check and
@@ -27,7 +28,7 @@ class Shape {
   // Same shape with the first (batch) dimension replaced.
   Shape with_batch(std::int64_t n) const {
     Shape s = *this;
-    s.dims_.at(0) = n;
+    s.dims_[checked(0)] = n;
     return s;
   }
   std::string str() const {
@@ -39,6 +40,12 @@ class Shape {
   bool operator!=(const Shape& o) const { return dims_ != o.dims_; }
 
  private:
+  std::size_t checked(int i) const {
+    if (i < 0 || i >= rank())
+      throw std::out_of_range("dimension " + std::to_string(i) + " of shape " + str() + ", which has " +
+                              std::to_string(rank()) + (rank() == 1 ? " dimension" : " dimensions"));
+    return static_cast<std::size_t>(i);
+  }
   void validate() const {
     for (auto d : dims_)
       if (d < 0) throw std::invalid_argument("negative dimension in shape");

@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <mutex>
 #include <set>
@@ -86,6 +87,28 @@ TEST(Shape, NumelRankStrAndValidation) {
   EXPECT_NE(s, Shape({64, 32, 26}));
   EXPECT_THROW(Shape({2, -1}), std::invalid_argument);
   EXPECT_THROW(s[4], std::out_of_range);
+}
+
+// A dimension that is not there is named with the shape; the message was libstdc++'s
+// "vector::_M_range_check: __n (which is 4) >= this->size() (which is 2)".
+TEST(Shape, BadIndexNamesTheDimensionAndTheShape) {
+  const auto message = [](const std::function<void()>& f) {
+    try {
+      f();
+    } catch (const std::out_of_range& e) {
+      return std::string(e.what());
+    }
+    return std::string("no exception");
+  };
+  Shape s{3, 4};
+  EXPECT_EQ(message([&] { (void)s[2]; }), "dimension 2 of shape (3, 4), which has 2 dimensions");
+  EXPECT_EQ(message([&] { s[-1] = 5; }), "dimension -1 of shape (3, 4), which has 2 dimensions");
+  EXPECT_EQ(message([&] { (void)Shape{7}[1]; }), "dimension 1 of shape (7,), which has 1 dimension");
+  EXPECT_EQ(message([&] { (void)Shape{}.with_batch(2); }), "dimension 0 of shape (), which has 0 dimensions");
+  EXPECT_EQ(message([&] { (void)Tensor::zeros({2, 2}).dim(3); }), "dimension 3 of shape (2, 2), which has 2 dimensions");
+  EXPECT_EQ(s, Shape({3, 4}));
+  s[1] = 5;
+  EXPECT_EQ(s, Shape({3, 5}));
 }
 
 // A product of dimensions past int64 throws instead of wrapping: (2^62, 784) wrapped to 0,
