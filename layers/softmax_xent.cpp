@@ -25,22 +25,16 @@ void check_args(const Tensor& logits, const Tensor& labels, const Tensor& stats)
     throw std::invalid_argument("softmax_xent: stats/labels must be on the logits' device; stats (3) f32");
 }
 
-// True when a and b are views of one storage whose bytes intersect.
-bool overlaps(const Tensor& a, const Tensor& b) {
-  if (!a.shares_storage(b) || a.nbytes() == 0 || b.nbytes() == 0) return false;
-  const char* pa = static_cast<const char*>(a.raw());
-  const char* pb = static_cast<const char*>(b.raw());
-  return pa < pb + b.nbytes() && pb < pa + a.nbytes();
-}
-
 // The gradient may not be written over the logits, labels or statistics it is computed from.
 // The GPU kernel's lanes write a row's gradients while lane 0 still reads its label's logit
 // (and its pointers are __restrict__), so that would be a race there; the CPU would get it
 // right for dlogits == logits, but refusing it on both keeps code that runs on the CPU
 // correct on the GPU.
 void check_gradient_buffer(const Tensor& dlogits, const Tensor& logits, const Tensor& labels, const Tensor& stats) {
-  const char* what = overlaps(dlogits, logits) ? "logits" : overlaps(dlogits, labels) ? "labels"
-                     : overlaps(dlogits, stats) ? "stats" : nullptr;
+  const char* what = dlogits.overlaps(logits)   ? "logits"
+                     : dlogits.overlaps(labels) ? "labels"
+                     : dlogits.overlaps(stats)  ? "stats"
+                                                : nullptr;
   if (what)
     throw std::invalid_argument(std::string("softmax_xent: the gradient ") + dlogits.describe() + " overlaps the " +
                                 what + " it is computed from; give it a buffer of its own");

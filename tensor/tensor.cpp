@@ -155,17 +155,13 @@ void Tensor::copy_from_async(const Tensor& src, GpuStream stream) {
   // On the device a copy has memcpy's contract: overlapping ranges give undefined results
   // (memmove above covers the host). Views of one buffer that overlap (a slice shifted by a
   // row) go through a temporary; a copy onto itself changes nothing.
-  if (shares_storage(src) && nbytes() > 0) {
-    const char* d = static_cast<const char*>(raw());
-    const char* s = static_cast<const char*>(src.raw());
-    if (d == s) return;
-    if (d < s + nbytes() && s < d + nbytes()) {
-      const Tensor staged = empty(shape_, dtype_, device_);
-      gpu_copy_async(staged.raw(), src.raw(), nbytes(), CopyKind::kDeviceToDevice, stream);
-      gpu_copy_async(raw(), staged.raw(), nbytes(), CopyKind::kDeviceToDevice, stream);
-      gpu_stream_synchronize(stream);  // staged is freed on return
-      return;
-    }
+  if (overlaps(src)) {
+    if (raw() == src.raw()) return;
+    const Tensor staged = empty(shape_, dtype_, device_);
+    gpu_copy_async(staged.raw(), src.raw(), nbytes(), CopyKind::kDeviceToDevice, stream);
+    gpu_copy_async(raw(), staged.raw(), nbytes(), CopyKind::kDeviceToDevice, stream);
+    gpu_stream_synchronize(stream);  // staged is freed on return
+    return;
   }
   const CopyKind kind = is_gpu() ? (src.is_gpu() ? CopyKind::kDeviceToDevice : CopyKind::kHostToDevice)
                                  : CopyKind::kDeviceToHost;

@@ -110,6 +110,14 @@ class Tensor {
   // True when both are defined and views of the same storage, at any offsets: writing one
   // may change the other (a slice or reshape of a tensor shares its storage).
   bool shares_storage(const Tensor& o) const { return storage_ != nullptr && storage_ == o.storage_; }
+  // True when both are views of one storage whose bytes intersect (an empty view overlaps
+  // nothing): writing one changes what the other holds.
+  bool overlaps(const Tensor& o) const {
+    if (!shares_storage(o) || nbytes() == 0 || o.nbytes() == 0) return false;
+    const char* a = static_cast<const char*>(raw());
+    const char* b = static_cast<const char*>(o.raw());
+    return a < b + o.nbytes() && b < a + nbytes();
+  }
 
  private:
   friend void ensure(Tensor& t, const Shape& shape, DType dtype, Device device);

@@ -353,6 +353,18 @@ TEST(Tensor, SharesStorageSeesViewsAtAnyOffset) {
   EXPECT_FALSE(Tensor().shares_storage(Tensor()));
 }
 
+// overlaps: views of one storage whose bytes intersect; disjoint or empty views do not.
+TEST(Tensor, OverlapsWhenTheBytesIntersect) {
+  const Tensor a = Tensor::zeros({4, 3});
+  EXPECT_TRUE(a.overlaps(a));
+  EXPECT_TRUE(a.slice(0, 2).overlaps(a.slice(1, 3)));
+  EXPECT_TRUE(a.reshape({12}).slice(5, 6).overlaps(a.slice(1, 2)));  // element 5 is in row 1
+  EXPECT_FALSE(a.slice(0, 2).overlaps(a.slice(2, 4)));                // adjacent rows
+  EXPECT_FALSE(a.slice(1, 1).overlaps(a));                            // empty
+  EXPECT_FALSE(a.overlaps(a.clone()));
+  EXPECT_FALSE(a.overlaps(Tensor()));
+}
+
 TEST(Tensor, EnsureReusesStorageWhenLargeEnough) {
   Tensor t;
   mf::ensure(t, {8, 16}, DType::kF32, mf::Device::kCpu);
