@@ -30,6 +30,7 @@ using mf::DType;
 using mf::Shape;
 using mf::Tensor;
 using mf::testing::all_close;
+using mf::testing::labels_of;
 using mf::testing::nmse;
 using mf::testing::Tol;
 using mf::testing::uniform;
@@ -672,12 +673,6 @@ TEST_P(LayerCpu, FlattenIsAViewAndItsBackwardAReshape) {
 }
 
 // ---- softmax cross-entropy ------------------------------------------------------------------
-
-Tensor labels_of(const std::vector<std::int32_t>& v) {
-  Tensor t = Tensor::empty({static_cast<std::int64_t>(v.size())}, DType::kI32);
-  std::copy(v.begin(), v.end(), t.data<std::int32_t>());
-  return t;
-}
 
 TEST(SoftmaxXentCpu, MatchesTheReference) {
   for (std::int64_t n : {1, 7, 64}) {

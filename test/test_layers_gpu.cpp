@@ -480,10 +480,7 @@ TEST(LayerGpu, SoftmaxXentRefusesLogitsThatAreNotFloats) {
 // reads its label's logit); it is refused as on the CPU. Disjoint rows of one buffer work.
 TEST(LayerGpu, SoftmaxXentRefusesAGradientOverItsLogits) {
   MF_SKIP_WITHOUT_GPU();
-  Tensor host_labels = Tensor::empty({2}, DType::kI32);
-  host_labels.data<std::int32_t>()[0] = 0;
-  host_labels.data<std::int32_t>()[1] = 1;
-  const Tensor labels = host_labels.to(Device::kGpu);
+  const Tensor labels = mf::testing::labels_of({0, 1}).to(Device::kGpu);
   Tensor stats = Tensor::zeros({mf::kNumStats}, DType::kF32, Device::kGpu);
   Tensor both = Tensor::zeros({4, 2}, DType::kF32, Device::kGpu);
   Tensor same = both.slice(0, 2);

@@ -109,6 +109,12 @@ Tensor random_labels(std::int64_t n, int classes, Rng& rng) {
   return t;
 }
 
+Tensor labels_of(const std::vector<std::int32_t>& labels) {
+  Tensor t = Tensor::empty(Shape{static_cast<std::int64_t>(labels.size())}, DType::kI32);
+  std::copy(labels.begin(), labels.end(), t.data<std::int32_t>());
+  return t;
+}
+
 namespace {
 struct Dims4 {
   std::int64_t n, h, w, c;

@@ -110,6 +110,8 @@ Tensor uniform(const Shape& shape, float lo, float hi, Rng& rng);
 Tensor spaced(const Shape& shape, float gap, Rng& rng);
 // Labels uniform in [0, classes) as an i32 host tensor.
 Tensor random_labels(std::int64_t n, int classes, Rng& rng);
+// These labels as an i32 host tensor.
+Tensor labels_of(const std::vector<std::int32_t>& labels);
 
 // ---- naive references, double precision, NHWC, same conventions as the layers ----
 // conv: x (N,H,W,C), w (K,k,k,C), b (K) -> (N,H-k+1,W-k+1,K), optional ReLU.
