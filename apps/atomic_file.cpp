@@ -3,6 +3,7 @@
 
 #include <atomic>
 #include <cerrno>
+#include <csignal>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -64,6 +65,23 @@ std::string without_path(const std::string& path, const std::string& message) {
 
 void remove_temp_file_in_progress() noexcept {
   if (g_temp_state.load() == 2) (void)::unlink(g_temp_name);
+}
+
+namespace {
+// Async-signal-safe: unlink (in remove_temp_file_in_progress) and raise. SA_RESETHAND has
+// put the default action back before this runs, so the raise ends the process.
+extern "C" void remove_temp_file_and_stop(int sig) {
+  remove_temp_file_in_progress();
+  (void)::raise(sig);
+}
+}  // namespace
+
+void remove_temp_file_on_stop_signals() {
+  struct sigaction sa {};
+  sa.sa_handler = remove_temp_file_and_stop;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = SA_RESETHAND;
+  for (const int sig : {SIGINT, SIGTERM, SIGHUP}) (void)::sigaction(sig, &sa, nullptr);
 }
 
 std::string atomic_temp_name(const std::string& path, int attempt) {

@@ -40,6 +40,12 @@ OutputTarget output_target(const std::string& path);
 // started while another is in progress on another thread is not.
 void remove_temp_file_in_progress() noexcept;
 
+// For a program that has no use for Ctrl-C of its own (predict): SIGINT, SIGTERM and SIGHUP
+// remove the temporary file of the write_bytes_atomic in progress, if any, then end the
+// process with the signal's default action, so the shell still sees 130, 143 or 129.
+// Without it, a stop in the middle of writing a --grid PNG left "<path>.tmp.<pid>" behind.
+void remove_temp_file_on_stop_signals();
+
 // The temporary names write_bytes_atomic tries, in order: "<path>.tmp.<pid>" (attempt 0),
 // then "<path>.tmp.<pid>.<attempt>" for attempt 1 .. kAtomicTempAttempts - 1.
 constexpr int kAtomicTempAttempts = 8;

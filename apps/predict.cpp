@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "apps/atomic_file.h"
 #include "apps/checkpoint.h"
 #include "apps/common.h"
 #include "apps/flags.h"
@@ -204,6 +205,7 @@ static int run_main(int argc, char** argv) {
 
 int main(int argc, char** argv) {
   mf::apps::reserve_standard_fds();
+  mf::apps::remove_temp_file_on_stop_signals();  // Ctrl-C while the --grid PNG is written
   // `predict ... | head`: the closed pipe is reported at exit (exit_status_after_stdout),
   // after --grid is written.
   mf::apps::write_failures_are_errors();

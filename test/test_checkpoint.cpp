@@ -583,6 +583,44 @@ TEST(AtomicFileDeathTest, ProcessEndingMidWriteLeavesNoTemporaryFile) {
   EXPECT_EQ(left, "run.ckpt ") << "the temporary file was left behind";
 }
 
+// predict's Ctrl-C (remove_temp_file_on_stop_signals): a SIGINT in the middle of a write
+// removes the temporary file and ends the process as SIGINT does by default (the shell's
+// 130). The SIGINT is sent from inside the write: past RLIMIT_FSIZE, write() raises
+// SIGXFSZ, whose handler here raises SIGINT.
+extern "C" void interrupt_the_write(int) { (void)::raise(SIGINT); }
+
+TEST(AtomicFileDeathTest, CtrlCMidWriteLeavesNoTemporaryFileAndEndsAsCtrlC) {
+  TempDir dir;
+  const std::string path = dir.file("grid.png");
+  spit(path, "old grid\n");
+  const std::string big(std::size_t{1} << 20, 'x');
+  EXPECT_EXIT(
+      {
+        apps::remove_temp_file_on_stop_signals();
+        struct sigaction sa {};
+        sa.sa_handler = interrupt_the_write;
+        sigemptyset(&sa.sa_mask);
+        sigaction(SIGXFSZ, &sa, nullptr);
+        rlimit small{};
+        getrlimit(RLIMIT_FSIZE, &small);
+        small.rlim_cur = 4096;
+        setrlimit(RLIMIT_FSIZE, &small);
+        try {
+          apps::write_bytes_atomic(path, big.data(), big.size());
+        } catch (const std::exception& e) {
+          std::fprintf(stderr, "the write failed: %s", e.what());
+          std::exit(1);
+        }
+        std::fprintf(stderr, "the write finished");
+        std::exit(0);
+      },
+      ::testing::KilledBySignal(SIGINT), "");
+  EXPECT_EQ(slurp(path), "old grid\n");
+  std::string left;
+  for (const auto& e : fs::directory_iterator(dir.path())) left += e.path().filename().string() + " ";
+  EXPECT_EQ(left, "grid.png ") << "the temporary file was left behind";
+}
+
 TEST(Checkpoint, ParserBoundsEveryLength) {
   // With the checksum check off (as the fuzzer runs it), a header claiming huge sizes must
   // be refused as malformed, naming the field, not allocated. Each length, count, rank and
