@@ -218,6 +218,7 @@ void write_metrics_json(const std::string& path, const RunInfo& info, const Hist
        << ", \"val_accuracy\": " << num(e.val_accuracy) << ", \"train_seconds\": " << num(e.train_seconds)
        << ", \"steps\": " << e.steps << ", \"ms_per_step\": " << num(e.steps ? 1000.0 * e.train_seconds / e.steps : NAN);
     if (info.fp16) os << ", \"loss_scale\": " << num(e.loss_scale) << ", \"skipped_steps\": " << e.skipped_steps;
+    if (i + 1 == h.epochs.size() && h.ended_mid_epoch()) os << ", \"partial\": true";
     os << "}";
   }
   os << "\n  ],\n  \"test_loss\": " << num(test.loss) << ",\n  \"test_accuracy\": " << num(test.accuracy)

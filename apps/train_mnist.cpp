@@ -481,7 +481,9 @@ static int run_main(int argc, char** argv) {
       apps::RunInfo info{device, o.fp16, o.batch_size, num_threads(), hw, mnist.dir, o.seed};
       History all = h;
       all.epochs = all_epochs;
-      if (h.interrupted && !h.epochs.empty()) all.epochs.push_back(h.epochs.back());  // the partial epoch
+      // Stopped inside an epoch: that epoch too, marked partial. Stopped at an epoch's last
+      // step, that epoch ended and is in all_epochs already.
+      if (h.ended_mid_epoch()) all.epochs.push_back(h.epochs.back());
       apps::write_metrics_json(o.metrics_json, info, all, test, model);
     }
     // Stopped by a signal: 128 + its number. Stopped because standard output failed: main's

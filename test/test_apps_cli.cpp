@@ -722,6 +722,55 @@ TEST(TrainMnistCli, SigtermAndSighupStopAfterSavingAsCtrlCDoes) {
   }
 }
 
+// Ctrl-C with --metrics-json: each epoch is listed once, and an epoch the stop cut short
+// last, marked partial. A stop at an epoch's last step listed that epoch twice. With one
+// step per epoch (batch 20 of the 20 images) every stop is at an epoch's end; with 20 steps
+// (batch 1) most stops are inside one.
+TEST(TrainMnistCli, StoppedRunsMetricsListEachEpochOnce) {
+  for (const char* batch : {"20", "1"}) {
+    SCOPED_TRACE(std::string("--batch-size ") + batch);
+    TempDir dir;
+    write_tiny_mnist(dir);
+    std::vector<std::string> args = long_tiny_run(dir);
+    for (std::size_t i = 0; i + 1 < args.size(); ++i)
+      if (args[i] == "--batch-size") args[i + 1] = batch;
+    const std::string json = dir.file("m.json"), out = dir.file("out.txt");
+    args.insert(args.end(), {"--metrics-json", json});
+    const pid_t pid = start_train_mnist(args, out, dir.file("err.txt"));
+    ASSERT_GT(pid, 0);
+    auto printed = [&] {
+      std::ifstream f(out);  // the child may not have created it yet
+      return std::string(std::istreambuf_iterator<char>(f), {});
+    };
+    for (int i = 0; i < 600 && printed().find("Epoch 3/") == std::string::npos; ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    ::kill(pid, SIGINT);
+    EXPECT_EQ(wait_exit_status(pid), 130);
+    const std::string m = apps::read_file_bytes(json);
+    // Each epoch's entry: its number, steps, and whether it is marked partial.
+    std::vector<int> numbers;
+    std::vector<bool> partial;
+    std::vector<long> steps;
+    for (std::size_t at = m.find("{\"epoch\": "); at != std::string::npos; at = m.find("{\"epoch\": ", at + 1)) {
+      const std::string entry = m.substr(at, m.find('}', at) - at);
+      numbers.push_back(std::atoi(entry.c_str() + 10));
+      steps.push_back(static_cast<long>(json_number(entry, "steps")));
+      partial.push_back(entry.find("\"partial\": true") != std::string::npos);
+    }
+    ASSERT_GE(numbers.size(), 2u) << m;
+    const long full = batch[0] == '2' ? 1 : 20;
+    for (std::size_t i = 0; i < numbers.size(); ++i) {
+      EXPECT_EQ(numbers[i], static_cast<int>(i) + 1) << m;
+      const bool last = i + 1 == numbers.size();
+      EXPECT_EQ(partial[i], last && steps[i] < full) << "epoch " << numbers[i] << " of\n" << m;
+      if (!last) {
+        EXPECT_EQ(steps[i], full) << m;
+      }
+    }
+    EXPECT_NE(m.find("\"interrupted\": true"), std::string::npos) << m;
+  }
+}
+
 // `train_mnist | head`: when standard output can no longer be written the run stops as it
 // would on Ctrl-C, saved, and says why in one line with status 1. SIGPIPE used to end it
 // without a word at its next line of output, before that epoch was saved.
