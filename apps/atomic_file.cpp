@@ -1,8 +1,10 @@
 // atomic_file.cpp: temp file + fsync + rename (see atomic_file.h).
 #include "apps/atomic_file.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <climits>
 #include <csignal>
 #include <cstdint>
 #include <cstdio>
@@ -85,8 +87,13 @@ void remove_temp_file_on_stop_signals() {
 }
 
 std::string atomic_temp_name(const std::string& path, int attempt) {
-  const std::string first = path + ".tmp." + std::to_string(::getpid());
-  return attempt == 0 ? first : first + "." + std::to_string(attempt);
+  std::string suffix = ".tmp." + std::to_string(::getpid());
+  if (attempt != 0) suffix += "." + std::to_string(attempt);
+  // A file's own name may be up to NAME_MAX (255) bytes long: one near that is cut short so
+  // that its temporary name is not refused as too long, after all the work, at the save.
+  const std::size_t slash = path.find_last_of('/'), start = slash == std::string::npos ? 0 : slash + 1;
+  const std::size_t keep = std::min(path.size() - start, std::size_t{NAME_MAX} - suffix.size());
+  return path.substr(0, start + keep) + suffix;
 }
 
 namespace {
@@ -154,6 +161,10 @@ OutputTarget output_target(const std::string& path) {
     target = resolved;
     std::free(resolved);
   }
+  const std::size_t name_bytes = target.size() - (target.find_last_of('/') + 1);  // npos + 1 is 0
+  if (name_bytes > NAME_MAX)
+    refuse("the file's name is " + std::to_string(name_bytes) + " bytes long, more than the " +
+           std::to_string(NAME_MAX) + " a name can have");
   const std::string dir = parent_dir(target);
   const std::string shown = target == path ? dir : dir + " (where the symlink points)";
   if (::stat(dir.c_str(), &st) == 0 && !S_ISDIR(st.st_mode))  // access() alone passes a file
@@ -190,6 +201,13 @@ void write_bytes_atomic(const std::string& path, const void* data, std::size_t s
     ::unlink(tmp.c_str());
     throw std::runtime_error(error_text(file, what, err));
   };
+  // The file replaced keeps its permissions (a private checkpoint stays private) and, where
+  // this process may give it, its owner and group, as a write in place would keep them.
+  struct stat old {};
+  if (::stat(file.c_str(), &old) == 0 && S_ISREG(old.st_mode)) {
+    if (old.st_uid != ::geteuid() || old.st_gid != ::getegid()) (void)!::fchown(fd, old.st_uid, old.st_gid);
+    if (::fchmod(fd, old.st_mode & 07777) != 0) fail("cannot give " + tmp + " the permissions of the file it replaces");
+  }
   if (!write_all(fd, data, size)) fail("write failed");
   if (::fsync(fd) != 0) fail("fsync failed");
   if (::close(fd) != 0) {

@@ -14,6 +14,8 @@ namespace mf::apps {
 // The temporary file is created with O_EXCL | O_NOFOLLOW: whatever already has its name (a
 // stale file, or a symlink someone planted in a shared folder to get its target truncated)
 // is left alone and the next name is tried, up to kAtomicTempAttempts names.
+// A file replaced keeps its permission bits (and its owner and group where the process may
+// set them); a new file gets 0644 less the umask.
 // On any failure the temporary file is removed, the old `path` is left as it was, and
 // std::runtime_error says "<path>: <what failed>: <strerror>".
 // A `path` that is a symlink to a file has that file replaced (the link stays); one that is
@@ -47,7 +49,8 @@ void remove_temp_file_in_progress() noexcept;
 void remove_temp_file_on_stop_signals();
 
 // The temporary names write_bytes_atomic tries, in order: "<path>.tmp.<pid>" (attempt 0),
-// then "<path>.tmp.<pid>.<attempt>" for attempt 1 .. kAtomicTempAttempts - 1.
+// then "<path>.tmp.<pid>.<attempt>" for attempt 1 .. kAtomicTempAttempts - 1. The file's
+// own name is cut short where the whole would pass the 255-byte limit of a name.
 constexpr int kAtomicTempAttempts = 8;
 std::string atomic_temp_name(const std::string& path, int attempt);
 

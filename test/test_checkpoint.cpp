@@ -549,6 +549,54 @@ TEST(AtomicFile, SymlinksAndPipesAreWrittenThroughNotReplaced) {
   ::close(fds[0]);
 }
 
+// A checkpoint kept private (chmod 600) stays private when a save replaces it: the new file
+// used to get 0644, readable by everyone.
+TEST(AtomicFile, ReplacedFileKeepsItsPermissions) {
+  TempDir dir;
+  for (const ::mode_t mode : {0600, 0640, 0444}) {
+    const std::string path = dir.file("run.ckpt");
+    spit(path, "old");
+    ASSERT_EQ(::chmod(path.c_str(), mode), 0);
+    apps::write_bytes_atomic(path, "new", 3);
+    struct stat st {};
+    ASSERT_EQ(::stat(path.c_str(), &st), 0);
+    EXPECT_EQ(st.st_mode & 07777, mode) << std::oct << (st.st_mode & 07777) << " for " << mode;
+    EXPECT_EQ(slurp(path), "new");
+    fs::remove(path);
+  }
+  // A new file: 0644 less the umask.
+  const ::mode_t mask = ::umask(022);
+  apps::write_bytes_atomic(dir.file("new.ckpt"), "x", 1);
+  ::umask(mask);
+  struct stat st {};
+  ASSERT_EQ(::stat(dir.file("new.ckpt").c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 07777, 0644u);
+}
+
+// A name of up to 255 bytes is written, although "<name>.tmp.<pid>" would pass that limit
+// (it failed at the save, after the training); a longer one is refused by name, before any
+// work, by output_target.
+TEST(AtomicFile, NamesUpTo255BytesAreWrittenAndLongerOnesRefused) {
+  TempDir dir;
+  for (const std::size_t n : {250, 255}) {
+    const std::string path = dir.file(std::string(n, 'c'));
+    const std::string tmp = apps::atomic_temp_name(path, 3);
+    EXPECT_EQ(apps::parent_dir(tmp), apps::parent_dir(path));
+    EXPECT_LE(tmp.size() - apps::parent_dir(tmp).size() - 1, 255u) << tmp;
+    apps::write_bytes_atomic(path, "first", 5);
+    apps::write_bytes_atomic(path, "second", 6);
+    EXPECT_EQ(slurp(path), "second");
+  }
+  EXPECT_EQ(std::distance(fs::directory_iterator(dir.path()), fs::directory_iterator{}), 2) << "no temporary files";
+  const std::string too_long = dir.file(std::string(256, 'c'));
+  try {
+    apps::output_target(too_long);
+    ADD_FAILURE() << "a 256-byte name was not refused";
+  } catch (const std::runtime_error& e) {
+    EXPECT_EQ(std::string(e.what()), too_long + ": the file's name is 256 bytes long, more than the 255 a name can have");
+  }
+}
+
 // What train_mnist's second Ctrl-C does: the process ends in the middle of a save, from a
 // signal handler. The handler removes the temporary file; the old file stays as it was.
 // Here the signal comes from the write itself: past RLIMIT_FSIZE, write() raises SIGXFSZ.
