@@ -332,9 +332,20 @@ GrayImage decode_gray_image(const std::uint8_t* bytes, std::size_t size, const s
 }
 
 GrayImage read_gray_image(const std::string& path) {
+  // A file that starts like no image is refused from its first bytes, not read whole first
+  // (/dev/zero would fill 1 GiB before the size limit stopped it). Only 0xFF fill bytes
+  // could still become a JPEG's start; the decoder judges an empty or short file.
+  const HeadCheck starts_like_an_image = [&](const std::string& head) {
+    const auto* p = reinterpret_cast<const std::uint8_t*>(head.data());
+    const bool all_fill = std::all_of(p, p + head.size(), [](std::uint8_t b) { return b == 0xff; });
+    if (!all_fill && detect_format(p, head.size()) == Format::kUnknown)
+      throw ImageError(path, "not a readable image: its first bytes match no PNG, JPEG or BMP file");
+  };
   std::string bytes;
   try {
-    bytes = read_file_bytes(path, kMaxFileBytes);
+    bytes = read_file_bytes(path, kMaxFileBytes, starts_like_an_image);
+  } catch (const ImageError&) {
+    throw;
   } catch (const std::runtime_error& e) {
     throw ImageError(path, without_path(path, e.what()));
   }

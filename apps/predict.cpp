@@ -162,6 +162,10 @@ static int run_main(int argc, char** argv) {
       } catch (const apps::ImageError& e) {
         std::fprintf(stderr, "predict: error: %s\n", apps::one_line(e.what()).c_str());
         ++failed;
+      } catch (const std::bad_alloc&) {  // this image is too large for the memory left; the next may fit
+        std::fprintf(stderr, "predict: error: %s: out of host memory reading or decoding it\n",
+                     apps::one_line(path).c_str());
+        ++failed;
       }
     }
     if (!ok_paths.empty()) {

@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "apps/atomic_file.h"
@@ -389,6 +390,31 @@ static void synthetic_mnist(const TempDir& data) {
   data::write_idx(data.file("train-labels-idx1-ubyte"), {20}, lab, false);
   data::write_idx(data.file("t10k-images-idx3-ubyte"), {20, 28, 28}, img, false);
   data::write_idx(data.file("t10k-labels-idx1-ubyte"), {20}, lab, false);
+}
+
+// A stream that starts like no image (/dev/zero, given by mistake) is refused from its first
+// bytes: it used to be read to the 1 GiB limit first (17 s and 2.3 GB here), then refused
+// as too large, and under a memory limit it ran out of memory and stopped every image.
+TEST(ReadImage, AStreamThatIsNoImageIsRefusedFromItsFirstBytes) {
+  EXPECT_EQ(image_error("/dev/zero"), "/dev/zero: not a readable image: its first bytes match no PNG, JPEG or BMP file");
+  // A pipe that says nothing of its size, with a PNG's first bytes, is read on and decoded.
+  TempDir dir;
+  one().save(dir.file("one.png"));
+  int fds[2];
+  ASSERT_EQ(::pipe(fds), 0);
+  const std::string png = apps::read_file_bytes(dir.file("one.png"));
+  std::thread writer([&] {
+    for (std::size_t at = 0; at < png.size();) {
+      const ssize_t n = ::write(fds[1], png.data() + at, png.size() - at);
+      if (n <= 0) break;
+      at += static_cast<std::size_t>(n);
+    }
+    ::close(fds[1]);
+  });
+  const std::string piped = "/dev/fd/" + std::to_string(fds[0]);
+  EXPECT_EQ(image_error(piped), "");
+  writer.join();
+  ::close(fds[0]);
 }
 
 TEST(PredictTool, ClassifiesFilesAndReportsEachBadOne) {
