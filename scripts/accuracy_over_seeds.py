@@ -33,10 +33,12 @@ TORCH_ENV = {"GLIBC_TUNABLES": "glibc.malloc.mmap_threshold=33554432:glibc.mallo
 
 
 def seed_list(text):
-    """ "0-19,37" -> [0, 1, ..., 19, 37] (fp16_drift.py uses it too)."""
+    """ "0-19,37" -> [0, 1, ..., 19, 37]; argparse's type for --seeds (fp16_drift.py uses it too)."""
     seeds = []
     for part in text.split(","):
         lo, _, hi = part.partition("-")
+        if not lo.isdigit() or not (hi or lo).isdigit() or int(hi or lo) < int(lo):
+            raise argparse.ArgumentTypeError(f"expected seeds such as 0-63 or 0-3,10, got {text!r}")
         seeds.extend(range(int(lo), int(hi or lo) + 1))
     return seeds
 
@@ -81,7 +83,7 @@ def summary(name, values, bar):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data", required=True, help="folder with the four MNIST IDX files")
-    ap.add_argument("--seeds", default="0-15", help="e.g. 0-63 or 0-3,10")
+    ap.add_argument("--seeds", type=seed_list, default="0-15", help="e.g. 0-63 or 0-3,10")
     ap.add_argument("--epochs", type=int, default=5)
     ap.add_argument("--bar", type=float, default=0.99, help="count the seeds at or above this accuracy")
     ap.add_argument("--csv", help="write seed, test and first-epoch validation accuracies here")
@@ -100,10 +102,15 @@ def main():
 
     header = ["seed"] + [f"{name}_{col}" for name, _ in runs for col in (f"test_{args.epochs}ep", "val_ep1")]
     rows, results = [], {name: [] for name, _ in runs}
-    for seed in seed_list(args.seeds):
+    for seed in args.seeds:
         row = [seed]
         for name, run in runs:
-            test, val = run(seed)
+            try:
+                test, val = run(seed)
+            except subprocess.CalledProcessError as e:  # its own error is on stderr (or below)
+                said = (e.stderr or "").strip().splitlines()
+                sys.exit(f"accuracy_over_seeds: error: {name} failed for seed {seed} (exit status {e.returncode})"
+                         + (f": {said[-1]}" if said else ""))
             results[name].append(test)
             row += [f"{test:.4f}", f"{val:.4f}"]
         print(" ".join(str(x) for x in row), flush=True)

@@ -172,10 +172,12 @@ def main():
     # microflow's run.
     with tempfile.TemporaryDirectory() as tmp:
         metrics = os.path.join(tmp, "m.json")
-        subprocess.run([args.train_mnist, "--device", "cpu", "--quiet", "--data", args.data, "--seed", str(args.seed),
-                        "--epochs", str(args.epochs), "--threads", str(args.threads), "--limit-train", str(args.limit_train),
-                        "--metrics-json", metrics],
-                       check=True, stdout=subprocess.DEVNULL)
+        done = subprocess.run([args.train_mnist, "--device", "cpu", "--quiet", "--data", args.data, "--seed", str(args.seed),
+                               "--epochs", str(args.epochs), "--threads", str(args.threads),
+                               "--limit-train", str(args.limit_train), "--metrics-json", metrics],
+                              stdout=subprocess.DEVNULL)
+        if done.returncode != 0:  # train_mnist has said why on stderr
+            sys.exit(f"compare_with_pytorch: error: train_mnist failed (exit status {done.returncode})")
         ours = json.load(open(metrics))
 
     # The same start for PyTorch.

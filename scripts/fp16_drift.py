@@ -95,7 +95,7 @@ def train(seed, x_train, y_train, x_test, y_test, half):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data", required=True)
-    ap.add_argument("--seeds", default="0-9", help="e.g. 0-19 or 37,0-5")
+    ap.add_argument("--seeds", type=seed_list, default="0-9", help="e.g. 0-19 or 37,0-5")
     ap.add_argument("--limit-train", type=int, default=12000)
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args()
@@ -118,7 +118,7 @@ def main():
     print(f"1 epoch on the first {n} training images, batch 64; test accuracy on {x_test.shape[0]} images")
     print(f"{'seed':>4}  {'fp32':>7}  {'fp16':>7}  {'fp16 - fp32':>11}  skipped")
     diffs = []
-    for seed in seed_list(args.seeds):
+    for seed in args.seeds:
         a32, _ = train(seed, x_train, y_train, x_test, y_test, False)
         a16, skipped = train(seed, x_train, y_train, x_test, y_test, True)
         diffs.append(100 * (a16 - a32))

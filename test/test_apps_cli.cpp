@@ -1104,3 +1104,28 @@ TEST(Scripts, PythonScriptsPrintTheirUsageWithoutPyTorch) {
     EXPECT_NE(r.out.find(name), std::string::npos) << "the usage shows how to run the script:\n" << r.out;
   }
 }
+
+// The seed-study scripts answer a bad --seeds, and a training that fails, with one line of
+// their own, not a Python traceback.
+TEST(Scripts, SeedStudiesReportBadSeedsAndFailedRunsInOneLine) {
+  const std::string dir = MF_SCRIPTS_DIR;
+  if (!fs::exists(dir + "/accuracy_over_seeds.py")) GTEST_SKIP() << "no scripts at " << dir;
+  if (std::system("python3 -c '' > /dev/null 2>&1") != 0) GTEST_SKIP() << "no python3";
+  TempDir tmp;
+  const std::string script = sh_quote(dir + "/accuracy_over_seeds.py") + " ";
+  for (const char* seeds : {"abc", "5-2", "0-3,x"}) {
+    const RunResult r = run_program("python3", script + "--data " + tmp.file("") + " --seeds " + seeds, tmp);
+    EXPECT_EQ(r.status, 2) << r.err;
+    EXPECT_NE(r.err.find("argument --seeds: expected seeds such as 0-63 or 0-3,10, got '" + std::string(seeds) + "'"),
+              std::string::npos)
+        << r.err;
+    EXPECT_EQ(r.err.find("Traceback"), std::string::npos) << r.err;
+  }
+  const RunResult r = run_program("python3",
+                                  script + "--data " + tmp.file("none") + " --seeds 0 --train-mnist " +
+                                      sh_quote(mf::testing::program_path(MF_TRAIN_MNIST_BIN)),
+                                  tmp);
+  EXPECT_EQ(r.status, 1) << r.err;
+  EXPECT_EQ(r.err, "train_mnist: error: " + tmp.file("none") + ": data folder not found\n"
+                   "accuracy_over_seeds: error: microflow failed for seed 0 (exit status 1)\n");
+}
