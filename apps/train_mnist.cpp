@@ -4,7 +4,7 @@
 //   train_mnist --device cpu --threads 2
 //   train_mnist --device gpu --fp16 --batch-size 1024
 //   train_mnist --save run.ckpt --plot run.png   # checkpoint and curves after every epoch
-//   train_mnist --resume run.ckpt --epochs 10    # continue a saved run
+//   train_mnist --resume run.ckpt --save run.ckpt --epochs 10   # continue a saved run in it
 //   train_mnist --save run.ckpt --overwrite      # start afresh over an existing checkpoint
 #include <algorithm>
 #include <atomic>
@@ -166,7 +166,7 @@ static int run_main(int argc, char** argv) {
   flags.add_bool("overwrite", &o.overwrite, "let --save replace an existing file that is not the --resume file");
   flags.add_string("resume", &o.resume,
                    "continue the run in this checkpoint up to --epochs (its seed, batch size, precision, optimizer "
-                   "and data split; a flag that differs is an error)");
+                   "and data split; a flag that differs is an error); with --save of the same file the run goes on in it");
   flags.add_string("plot", &o.plot, "write loss and accuracy curves (PNG) here after every epoch");
 
   try {
@@ -354,6 +354,9 @@ static int run_main(int argc, char** argv) {
         std::fprintf(stderr, "train_mnist: note: the checkpoint already has %d epoch(s) and --epochs is %lld: "
                              "nothing to train (raise --epochs to continue)\n",
                      initial_epoch, static_cast<long long>(o.epochs));
+      else if (o.save.empty())
+        std::fprintf(stderr, "train_mnist: note: --resume without --save: the epochs trained now are saved nowhere "
+                             "(--save %s goes on in the checkpoint)\n", o.resume.c_str());
     }
     apps::CheckpointMeta meta;
     meta.seed = static_cast<std::uint64_t>(o.seed);

@@ -617,6 +617,26 @@ TEST(TrainMnistCli, NonFiniteValidationOrTestLossFailsWithoutSaving) {
   EXPECT_TRUE(apps::read_file_bytes(ckpt) == saved);
 }
 
+// --resume alone trains on and keeps nothing: it says so. With --save of the checkpoint the
+// run goes on in it, without a note.
+TEST(TrainMnistCli, ResumeWithoutSaveSaysTheNewEpochsAreSavedNowhere) {
+  TempDir dir;
+  write_tiny_mnist(dir);
+  auto [model, m] = saved_after_one_epoch();
+  const std::string path = dir.file("run.ckpt");
+  apps::save_checkpoint(path, model, *model.optimizer(), m);
+  const std::string args = "--device cpu --quiet --epochs 2 --data " + dir.file("") + " --resume " + path;
+  RunResult r = run_program(MF_TRAIN_MNIST_BIN, args, dir);
+  EXPECT_EQ(r.status, 0) << r.err;
+  EXPECT_EQ(r.err, "train_mnist: note: --resume without --save: the epochs trained now are saved nowhere (--save " +
+                       path + " goes on in the checkpoint)\n");
+  EXPECT_EQ(apps::read_checkpoint(path).contents.meta.epoch, 1);
+  r = run_program(MF_TRAIN_MNIST_BIN, args + " --save " + path, dir);
+  EXPECT_EQ(r.status, 0) << r.err;
+  EXPECT_EQ(r.err, "");
+  EXPECT_EQ(apps::read_checkpoint(path).contents.meta.epoch, 2);
+}
+
 // Two numbers that differ must not print alike: %g's six digits showed 0.2000001 as 0.2.
 TEST(TrainMnistCli, ResumeMessagesShowNumbersInFull) {
   TempDir dir;
