@@ -196,9 +196,9 @@ train oom_fp32_b65536 --epochs 1 --batch-size 65536 --gpu-memory-limit 256  # mu
 stage "PyTorch anchor"
 if [ -f "$root/.device/torch_mnist_gpu.py" ] && python3 -c 'import torch' 2>/dev/null; then
   PYTHONUNBUFFERED=1 limited 150 python3 "$root/.device/torch_mnist_gpu.py" --data "$data" >"$out/torch_gpu.log" 2>&1
-  note "torch anchor: exit $?"
+  note "torch_anchor: exit $?"  # a failed or timed-out anchor leaves no ratio: a failed check
 else
-  note "torch anchor: skipped (no torch or no .device/torch_mnist_gpu.py)"
+  note "torch_anchor: skipped (no torch or no .device/torch_mnist_gpu.py)"
 fi
 snapshot
 
