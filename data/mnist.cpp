@@ -35,7 +35,7 @@ const char* non_file_kind(mode_t mode) {
 // looking for a file that is there.
 std::string find_file(const std::filesystem::path& dir, const std::string& stem, const std::string& kind,
                       const std::string& what) {
-  const std::string names[] = {stem + "-" + kind, stem + "-" + kind + ".gz", stem + "." + kind,
+  const std::string names[] = {stem + "-" + kind, stem + "." + kind, stem + "-" + kind + ".gz",
                                stem + "." + kind + ".gz"};
   std::string looked, problem_path, problem;
   for (const std::string& name : names) {

@@ -526,8 +526,8 @@ TEST_F(MnistFolder, MissingOneFileListsTheNamesTried) {
   write_mnist("-", false);
   fs::remove(path("t10k-labels-idx1-ubyte"));
   EXPECT_TRUE(throws_data_error([&] { mf::data::load_mnist(dir_); }, dir_,
-                                {"test labels", "t10k-labels-idx1-ubyte, t10k-labels-idx1-ubyte.gz",
-                                 "t10k-labels.idx1-ubyte, t10k-labels.idx1-ubyte.gz"}));
+                                {"test labels", "t10k-labels-idx1-ubyte, t10k-labels.idx1-ubyte, "
+                                                "t10k-labels-idx1-ubyte.gz, t10k-labels.idx1-ubyte.gz"}));
 }
 
 TEST_F(MnistFolder, BadFileInsideIsNamed) {
@@ -541,9 +541,12 @@ TEST_F(MnistFolder, BadFileInsideIsNamed) {
 TEST_F(MnistFolder, RecordsTheFilesItRead) {
   write_mnist("-", true);
   mf::data::write_idx(path("t10k-labels-idx1-ubyte"), {20}, synthetic_labels(20), false);
+  // The raw file under the other spelling ("train-images.idx3-ubyte") is preferred to the
+  // .gz too: it was found after the .gz, which then had to be inflated.
+  mf::data::write_idx(path("train-labels.idx1-ubyte"), {50}, synthetic_labels(50), false);
   const mf::data::Mnist m = mf::data::load_mnist(dir_);
   EXPECT_EQ(m.files.train_images, path("train-images-idx3-ubyte.gz"));
-  EXPECT_EQ(m.files.train_labels, path("train-labels-idx1-ubyte.gz"));
+  EXPECT_EQ(m.files.train_labels, path("train-labels.idx1-ubyte"));
   EXPECT_EQ(m.files.test_images, path("t10k-images-idx3-ubyte.gz"));
   EXPECT_EQ(m.files.test_labels, path("t10k-labels-idx1-ubyte"));
   const mf::data::MnistFiles found = mf::data::find_mnist_files(dir_);
