@@ -39,7 +39,8 @@ __device__ __forceinline__ PoolIndex pool_index(std::int64_t i, std::int64_t oh,
 
 // One thread per output vector (N channels of one output pixel), grid-stride. The window's
 // four pixels are (2oi, 2oj), (2oi, 2oj+1), (2oi+1, 2oj), (2oi+1, 2oj+1): argmax 0..3 in that
-// order. A strict '>' keeps the first of equal values, as the CPU path does.
+// order. A strict '>' keeps the first of equal values, and the first NaN wins over any
+// number, as on the CPU path (layers/maxpool2d_cpu.cpp): a NaN input gives a NaN output.
 template <class T, int N>
 __global__ void maxpool2x2_forward_kernel(const T* __restrict__ x, T* __restrict__ y, std::uint8_t* __restrict__ argmax,
                                           std::int64_t total_vec, std::int64_t h, std::int64_t w, std::int64_t c) {
@@ -56,8 +57,10 @@ __global__ void maxpool2x2_forward_kernel(const T* __restrict__ x, T* __restrict
     for (int k = 0; k < N; ++k) {
       arg.v[k] = 0;
 #pragma unroll
-      for (int q = 1; q < 4; ++q)
-        if (to_f32(win[q].v[k]) > to_f32(best.v[k])) best.v[k] = win[q].v[k], arg.v[k] = static_cast<std::uint8_t>(q);
+      for (int q = 1; q < 4; ++q) {
+        const float v = to_f32(win[q].v[k]), b = to_f32(best.v[k]);
+        if (v > b || (v != v && b == b)) best.v[k] = win[q].v[k], arg.v[k] = static_cast<std::uint8_t>(q);
+      }
     }
     store_vec<T, N>(y + i * N, best);  // output vectors are laid out in the order of i
     store_vec<std::uint8_t, N>(argmax + i * N, arg);

@@ -16,7 +16,7 @@ Shape MaxPool2D::output_shape(const Shape& in) const {
   return Shape{in[0], in[1] / 2, in[2] / 2, in[3]};
 }
 
-// Forward records which of the four positions won (the first on ties) as one byte per
+// Forward records which of the four positions won (take_max below) as one byte per
 // output; backward then reads those bytes and dY, not the whole input again, which halves
 // its memory traffic (this layer is bound by memory, not arithmetic). Channels are
 // contiguous, so both run a vector of channels at a time (conv2d_cpu_kernels.h),
@@ -27,14 +27,18 @@ namespace {
 typedef std::int32_t Ints __attribute__((vector_size(cpu::kLanes * 4)));
 typedef std::uint8_t Bytes __attribute__((vector_size(cpu::kLanes)));
 
-// Index 0..3 of the first of a, b, e, f equal to their maximum m.
-template <class T>
-T first_max_index(T a, T b, T e, T m, T one, T zero) {
-  const T is_a = a == m ? one : zero;
-  const T is_b = b == m ? one - is_a : zero;
-  const T is_e = e == m ? one - is_a - is_b : zero;
-  const T is_f = one - is_a - is_b - is_e;
-  return is_b + 2 * is_e + 3 * is_f;
+// Which input wins a window: the first NaN if there is one (a NaN input gives a NaN output,
+// which reaches the loss and stops the run, as in PyTorch and on the GPU path,
+// kernels/maxpool.cu), else the first of the largest values. Done as a tournament, (a, b)
+// and (e, f), then the two winners, carrying each value's position 0..3 along.
+//
+// (a, ia) when a >= b (the first of equal values) or a is NaN, else (b, ib), a NaN b
+// included. Works on one float or, lane by lane, on a vector of them.
+template <class T, class I>
+void take_max(T a, I ia, T b, I ib, T& m, I& im) {
+  const auto take_a = (a >= b) | (a != a);
+  m = take_a ? a : b;
+  im = take_a ? ia : ib;
 }
 
 }  // namespace
@@ -46,6 +50,7 @@ void MaxPool2D::forward_cpu(const Tensor& x, Tensor& y) {
   const float* xp = x.data<float>();
   float* yp = y.data<float>();
   std::uint8_t* ap = argmax_.data<std::uint8_t>();
+  const cpu::Vec k0{}, k1 = cpu::splat(1.0f), k2 = cpu::splat(2.0f), k3 = cpu::splat(3.0f);  // positions
   cpu_pool().parallel_for(x.dim(0), [&](std::int64_t n0, std::int64_t n1, int) {
     for (std::int64_t n = n0; n < n1; ++n)
       for (std::int64_t i = 0; i < oh; ++i)
@@ -58,17 +63,22 @@ void MaxPool2D::forward_cpu(const Tensor& x, Tensor& y) {
           for (std::int64_t ch = 0; ch < cv; ch += cpu::kLanes) {
             const cpu::Vec a = cpu::load(x00 + ch), b = cpu::load(x01 + ch);
             const cpu::Vec e = cpu::load(x10 + ch), f = cpu::load(x11 + ch);
-            const cpu::Vec ab = a >= b ? a : b, ef = e >= f ? e : f;
-            const cpu::Vec m = ab >= ef ? ab : ef;
+            cpu::Vec ab, ef, m, iab, ief, idx;
+            take_max(a, k0, b, k1, ab, iab);
+            take_max(e, k2, f, k3, ef, ief);
+            take_max(ab, iab, ef, ief, m, idx);
             cpu::store(yp + o + ch, m);
-            const cpu::Vec idx = first_max_index(a, b, e, m, cpu::splat(1.0f), cpu::Vec{});
             const Bytes q = __builtin_convertvector(__builtin_convertvector(idx, Ints), Bytes);
             __builtin_memcpy(ap + o + ch, &q, sizeof q);
           }
           for (std::int64_t ch = cv; ch < c; ++ch) {
-            const float m = std::max(std::max(x00[ch], x01[ch]), std::max(x10[ch], x11[ch]));
+            float ab, ef, m;
+            int iab, ief, idx;
+            take_max(x00[ch], 0, x01[ch], 1, ab, iab);
+            take_max(x10[ch], 2, x11[ch], 3, ef, ief);
+            take_max(ab, iab, ef, ief, m, idx);
             yp[o + ch] = m;
-            ap[o + ch] = static_cast<std::uint8_t>(first_max_index(x00[ch], x01[ch], x10[ch], m, 1.0f, 0.0f));
+            ap[o + ch] = static_cast<std::uint8_t>(idx);
           }
         }
   });

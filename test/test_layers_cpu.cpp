@@ -501,6 +501,21 @@ TEST_P(LayerCpu, MaxPoolNonFiniteGradientGoesOnlyToTheWinner) {
   }
 }
 
+// A NaN in a window is its output, and its first NaN gets the gradient, in the vector lanes
+// and in the leftover channels alike (37 channels: two or four whole vectors and a rest).
+// The vector path dropped a NaN in some places of the window and the scalar path kept it.
+TEST_P(LayerCpu, MaxPoolNanWinsItsWindowInEveryChannel) {
+  for (const std::int64_t c : {37, 11}) {
+    SCOPED_TRACE(std::to_string(c) + " channels");
+    const Tensor x = mf::testing::maxpool_nan_windows(c);
+    mf::MaxPool2D pool;
+    EXPECT_TRUE(mf::testing::same_or_both_nan(pool.forward(x), mf::testing::maxpool_forward_ref(x)));
+    Tensor dy = Tensor::empty({1, 1, 1, c});
+    for (std::int64_t ch = 0; ch < c; ++ch) dy.data<float>()[ch] = static_cast<float>(ch + 1);
+    EXPECT_TRUE(all_close(pool.backward(dy), mf::testing::maxpool_backward_ref(x, dy), Tol{0, 0}));
+  }
+}
+
 TEST_P(LayerCpu, MaxPoolOddRowsGetZeroGradientAfterABiggerBatch) {
   mf::Rng rng(45);
   mf::MaxPool2D pool;

@@ -299,6 +299,25 @@ TEST(LayerGpu, MaxPoolModelShapesExact) {
   }
 }
 
+// NaN wins its window on the GPU as on the CPU (the first NaN, whatever its place), in both
+// precisions, with channel counts the kernel takes as whole vectors (48; 12 in FP32) and
+// one at a time (11; 12 in FP16).
+TEST(LayerGpu, MaxPoolNanWinsItsWindowAsOnTheCpu) {
+  MF_SKIP_WITHOUT_GPU();
+  for (DType dt : {DType::kF32, DType::kF16})
+    for (const std::int64_t c : {48, 12, 11}) {
+      SCOPED_TRACE(std::string(mf::dtype_name(dt)) + ", " + std::to_string(c) + " channels");
+      const Tensor x = mf::testing::maxpool_nan_windows(c);
+      Tensor dy = Tensor::empty({1, 1, 1, c});
+      for (std::int64_t ch = 0; ch < c; ++ch) dy.data<float>()[ch] = static_cast<float>(ch + 1);
+      mf::MaxPool2D pool;
+      pool.to(Device::kGpu);
+      if (dt == DType::kF16) pool.set_compute_dtype(DType::kF16);
+      EXPECT_TRUE(mf::testing::same_or_both_nan(to_host(pool.forward(to_gpu(x, dt))), mf::testing::maxpool_forward_ref(x)));
+      EXPECT_TRUE(all_close(to_host(pool.backward(to_gpu(dy, dt))), mf::testing::maxpool_backward_ref(x, dy), Tol{0, 0}));
+    }
+}
+
 TEST(LayerGpu, MaxPoolInferenceLeavesTheTrainingBuffersAloneFp32) {
   MF_SKIP_WITHOUT_GPU();
   mf::Rng rng(25);

@@ -169,6 +169,23 @@ ConvGrads conv2d_backward_ref(const Tensor& x, const Tensor& w, const Tensor& b,
   return g;
 }
 
+namespace {
+// The index in `xv` of the input that wins window (n, i, j) of channel c: the first NaN if
+// there is one, else the first of the largest values.
+std::size_t maxpool_winner(const std::vector<double>& xv, const Dims4& d, std::int64_t n, std::int64_t i,
+                           std::int64_t j, std::int64_t c) {
+  std::size_t best = 0;
+  double m = -INFINITY;
+  for (int a = 0; a < 2; ++a)
+    for (int e = 0; e < 2; ++e) {
+      const std::size_t xi = static_cast<std::size_t>(((n * d.h + 2 * i + a) * d.w + 2 * j + e) * d.c + c);
+      if (std::isnan(xv[xi])) return xi;
+      if (xv[xi] > m || (a == 0 && e == 0)) m = xv[xi], best = xi;  // first of equal values wins
+    }
+  return best;
+}
+}  // namespace
+
 std::vector<double> maxpool_forward_ref(const Tensor& x) {
   const Dims4 d = dims(x);
   const std::int64_t oh = d.h / 2, ow = d.w / 2;
@@ -177,12 +194,8 @@ std::vector<double> maxpool_forward_ref(const Tensor& x) {
   for (std::int64_t n = 0; n < d.n; ++n)
     for (std::int64_t i = 0; i < oh; ++i)
       for (std::int64_t j = 0; j < ow; ++j)
-        for (std::int64_t c = 0; c < d.c; ++c) {
-          double m = -INFINITY;
-          for (int a = 0; a < 2; ++a)
-            for (int e = 0; e < 2; ++e) m = std::max(m, xv[((n * d.h + 2 * i + a) * d.w + 2 * j + e) * d.c + c]);
-          y[((n * oh + i) * ow + j) * d.c + c] = m;
-        }
+        for (std::int64_t c = 0; c < d.c; ++c)
+          y[static_cast<std::size_t>(((n * oh + i) * ow + j) * d.c + c)] = xv[maxpool_winner(xv, d, n, i, j, c)];
   return y;
 }
 
@@ -194,17 +207,32 @@ std::vector<double> maxpool_backward_ref(const Tensor& x, const Tensor& dy) {
   for (std::int64_t n = 0; n < d.n; ++n)
     for (std::int64_t i = 0; i < oh; ++i)
       for (std::int64_t j = 0; j < ow; ++j)
-        for (std::int64_t c = 0; c < d.c; ++c) {
-          std::size_t best = 0;
-          double m = -INFINITY;
-          for (int a = 0; a < 2; ++a)
-            for (int e = 0; e < 2; ++e) {
-              const std::size_t xi = static_cast<std::size_t>(((n * d.h + 2 * i + a) * d.w + 2 * j + e) * d.c + c);
-              if (xv[xi] > m) m = xv[xi], best = xi;  // first of equal values wins
-            }
-          dx[best] += dyv[static_cast<std::size_t>(((n * oh + i) * ow + j) * d.c + c)];
-        }
+        for (std::int64_t c = 0; c < d.c; ++c)
+          dx[maxpool_winner(xv, d, n, i, j, c)] += dyv[static_cast<std::size_t>(((n * oh + i) * ow + j) * d.c + c)];
   return dx;
+}
+
+Tensor maxpool_nan_windows(std::int64_t c) {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const std::vector<std::vector<float>> windows = {
+      {nan, 1, 2, 3}, {1, nan, 2, 3}, {1, 2, nan, 3}, {1, 2, 3, nan},  // one NaN, at each place
+      {1, nan, 2, nan}, {nan, 5, nan, 1},                              // two: the first wins
+      {INFINITY, nan, 1, 2}, {-INFINITY, -INFINITY, nan, -1},          // with infinities
+      {1, 2, 3, 4}, {4, 3, 2, 1}, {-INFINITY, INFINITY, 0, 1}};        // none
+  Tensor x = Tensor::empty({1, 2, 2, c});
+  for (std::int64_t ch = 0; ch < c; ++ch)
+    for (int p = 0; p < 4; ++p)
+      x.data<float>()[p * c + ch] = windows[static_cast<std::size_t>(ch) % windows.size()][static_cast<std::size_t>(p)];
+  return x;
+}
+
+::testing::AssertionResult same_or_both_nan(const Tensor& a, const std::vector<double>& ref) {
+  const std::vector<double> v = to_double(a);
+  if (v.size() != ref.size()) return ::testing::AssertionFailure() << "size " << v.size() << " vs " << ref.size();
+  for (std::size_t i = 0; i < v.size(); ++i)
+    if (std::isnan(ref[i]) ? !std::isnan(v[i]) : v[i] != ref[i])
+      return ::testing::AssertionFailure() << "[" << i << "] got " << v[i] << ", want " << ref[i];
+  return ::testing::AssertionSuccess();
 }
 
 std::vector<double> dense_forward_ref(const Tensor& x, const Tensor& w, const Tensor& b, bool relu) {

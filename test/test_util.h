@@ -121,8 +121,15 @@ struct ConvGrads {
   std::vector<double> dx, dw, db;
 };
 ConvGrads conv2d_backward_ref(const Tensor& x, const Tensor& w, const Tensor& b, bool relu, const Tensor& dy);
+// Each window's winner: the first NaN if it holds one (the output is NaN), else the first of
+// its largest values (row by row: top-left, top-right, bottom-left, bottom-right).
 std::vector<double> maxpool_forward_ref(const Tensor& x);
 std::vector<double> maxpool_backward_ref(const Tensor& x, const Tensor& dy);
+// One 2x2 image of `c` channels (c >= 1) whose windows hold NaN at various places, and some
+// no NaN at all, inf and -inf among them: MaxPool2D's NaN tests on both devices.
+Tensor maxpool_nan_windows(std::int64_t c);
+// `a` equals `ref` exactly, NaN where `ref` is NaN.
+::testing::AssertionResult same_or_both_nan(const Tensor& a, const std::vector<double>& ref);
 // dense: x (N,in), w (in,units), b (units)
 std::vector<double> dense_forward_ref(const Tensor& x, const Tensor& w, const Tensor& b, bool relu);
 struct DenseGrads {
