@@ -461,9 +461,9 @@ static int run_main(int argc, char** argv) {
         std::printf("Saved %s; continue with --resume %s (epoch %d %s).\n", o.save.c_str(), o.save.c_str(),
                     h.completed_epochs + 1, mid_epoch ? "restarts" : "is next");
     } else {
-      // Every finished epoch was saved as it ended; this covers a resumed run with nothing
-      // left to train saved under another name (keeping the saved epoch's state).
-      save(h.completed_epochs, h.epochs.empty() && resumed_partial);
+      // Every finished epoch was saved as it ended, the last one included. A resumed run with
+      // nothing left to train is saved here (under another name, keeping the saved epoch's state).
+      if (h.epochs.empty()) save(h.completed_epochs, resumed_partial);
     }
     plot();
     // No step is left to finish: from here on a signal exits at once, removing the temporary
