@@ -13,7 +13,7 @@
 #   MF_BENCH_MERGE     more result folders for the report to take the rows OUT_DIR lacks from
 #
 # Without a GPU every GPU benchmark reports "no GPU: <reason>" and the CPU ones run (about
-# 2-4 minutes on the 2-core development machine). With a GPU, add roughly 3-4 minutes.
+# 2 minutes on the 2-core development machine). With a GPU, add roughly 3-4 minutes.
 # Every GPU benchmark has "gpu" in its name, so the two halves can run on two machines and
 # be reported together:
 #   here:         scripts/bench.sh results/bench-cpu

@@ -620,7 +620,7 @@ def report(out_dir, more_dirs=()):
             ["GPU FP16, CUDA graph, data resident", gpu_cell(fmt_time(secs(g64h))), "one epoch of `fit`"]]
     md.append("Seconds per epoch at the article's batch 64 (48,000 images):\n")
     md.append(table(["where", "epoch", "how"], rows))
-    md.append("For reference, the same model in PyTorch (DESIGN.md and anchors/README.md; measured "
+    md.append("For reference, the same model in PyTorch (the design notes and anchors/README.md; measured "
               "earlier on the same machines, not by this run): on the 2-core development machine, PyTorch 1.13's CPU path takes "
               "10.2 s per epoch at batch 64 as installed and 3.8 s tuned; on the H200, PyTorch 2.11 takes "
               "1616 ms (data on the GPU, eager FP32), 2150 ms (DataLoader) and 302 ms (CUDA graph, FP32).\n")
