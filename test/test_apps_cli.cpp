@@ -1105,6 +1105,20 @@ TEST(Scripts, HelpPrintsTheUsageAndUnknownArgumentsAreRefused) {
     EXPECT_NE(r.err.find(std::string("'") + bad + "'"), std::string::npos) << r.err;
     EXPECT_EQ(r.out, "");
   }
+  // train.sh passes its arguments on to train_mnist, so it refuses none itself; --help is
+  // answered before the set-up (it installed, downloaded and built first), with
+  // train_mnist's flags where it is built. A build folder of its own shows no set-up ran.
+  const std::string no_build = tmp.file("no-build");
+  RunResult help = run_program(dir + "/train.sh", "--help", tmp, "export MF_BUILD_DIR=" + sh_quote(no_build));
+  EXPECT_EQ(help.status, 0) << help.err;
+  EXPECT_EQ(help.out.rfind("train.sh", 0), 0u) << help.out;
+  EXPECT_NE(help.out.find("train_mnist is not built yet"), std::string::npos) << help.out;
+  EXPECT_EQ(help.err, "");
+  EXPECT_FALSE(fs::exists(no_build)) << "train.sh --help ran the set-up";
+  const std::string built = fs::path(mf::testing::program_path(MF_TRAIN_MNIST_BIN)).parent_path().parent_path();
+  help = run_program(dir + "/train.sh", "-h", tmp, "export MF_BUILD_DIR=" + sh_quote(built));
+  EXPECT_EQ(help.status, 0) << help.err;
+  EXPECT_NE(help.out.find("--epochs"), std::string::npos) << "train_mnist's flags:\n" << help.out;
 }
 
 // The Python scripts print their usage on --help where PyTorch is not installed too:
