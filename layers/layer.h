@@ -81,6 +81,11 @@ class Layer {
   // allocates no output buffer for them.
   virtual bool output_is_view() const { return false; }
 
+  // Device buffers of the layer's own, other than its output and input gradient, that a
+  // training step writes or reads (MaxPool2D's record of each window's winner). A captured
+  // step holds their addresses, so the model drops its graphs when one of them has moved.
+  virtual void step_buffers(std::vector<const void*>& out) const { (void)out; }
+
   // One line on how the GPU runs this layer (algorithm, workspace, math mode), for
   // --verbose; empty when there is nothing to say.
   virtual std::string gpu_config() const { return ""; }

@@ -10,6 +10,9 @@ class MaxPool2D final : public Layer {
   std::string type() const override { return "MaxPooling2D"; }
   // x: (N, H, W, C) -> y: (N, H/2, W/2, C)
   Shape output_shape(const Shape& in) const override;
+  // argmax_: a training forward writes it, backward reads it; a training forward at a
+  // larger batch (from a callback) moves it.
+  void step_buffers(std::vector<const void*>& out) const override { out.push_back(argmax_.raw()); }
 
  protected:
   // Backward routes each gradient to the window's maximum, the first one on ties.

@@ -195,7 +195,8 @@ class Sequential {
   // evaluate, from a callback during a fit, say): `addrs` are the buffers they wrote, in
   // the order a step records them from position `first` (forward outputs, then input
   // gradients from the last layer back). A bigger batch may have grown, and so moved,
-  // buffers that captured steps write: then those graphs are dropped.
+  // buffers that captured steps write: then those graphs are dropped, as they are when a
+  // layer's own step buffer (Layer::step_buffers) has moved.
   void drop_graphs_if_moved(const std::vector<const void*>& addrs, std::size_t first);
 
   std::vector<std::unique_ptr<Layer>> layers_;

@@ -155,7 +155,7 @@ class GpuTrainer {
   // ---- CUDA graphs, one per batch size ----
   std::map<std::int64_t, GraphExec> graphs;
   std::set<std::int64_t> warm;               // batch sizes run eagerly since graphs were last dropped
-  std::vector<const void*> step_addrs;       // layer outputs and input gradients of the last step body
+  std::vector<const void*> step_addrs;       // layer outputs, input gradients and step_buffers of the last step body
   std::vector<const void*> graph_addrs;      // the same, as the graphs in `graphs` saw them
   const void* graph_workspace = nullptr;     // the shared cuDNN workspace the graphs use
   float graph_lr = 0;                        // the learning rate baked into the graphs
@@ -294,7 +294,8 @@ void begin_fit(GpuTrainer& t, const FitOptions& o, DType dtype, const data::Data
 }
 
 // Enqueues one training step of nb samples on the compute stream (eagerly, or into a graph
-// being captured), and records where every layer's output and input gradient lives.
+// being captured), and records where every layer's output, input gradient and other step
+// buffers (Layer::step_buffers) live.
 void step_body(GpuTrainer& t, Layers& layers, Optimizer& opt, std::int64_t nb, cudaStream_t s) {
   if (t.pipeline == Pipeline::kResident)
     launch_gather_batch(t.fit_data->images.data<std::uint8_t>(), t.fit_data->labels.data<std::uint8_t>(),
@@ -319,6 +320,7 @@ void step_body(GpuTrainer& t, Layers& layers, Optimizer& opt, std::int64_t nb, c
     g = &(*it)->backward(*g);
     t.step_addrs.push_back(g->raw());
   }
+  for (auto& l : layers) l->step_buffers(t.step_addrs);
   opt.step();
   if (t.pipeline == Pipeline::kResident) launch_advance_cursor(t.cursor_ptr(), nb, s);
 }
@@ -651,8 +653,17 @@ History Sequential::fit_gpu(const data::Dataset& train, const data::Dataset* val
 void Sequential::drop_graphs_if_moved(const std::vector<const void*>& addrs, std::size_t first) {
   if (!gpu_) return;
   GpuTrainer& t = *gpu_;
-  if (!t.graphs.empty() && (t.graph_addrs.size() < first + addrs.size() ||
-                            !std::equal(addrs.begin(), addrs.end(), t.graph_addrs.begin() + first)))
+  if (t.graphs.empty()) return;
+  // The layers' own step buffers, recorded after the outputs and the input gradients: a
+  // training-mode forward from a callback may have moved one (MaxPool2D's argmax_) while
+  // every output still fitted.
+  std::vector<const void*> own;
+  for (auto& l : layers_) l->step_buffers(own);
+  const std::size_t own_first = 2 * layers_.size();
+  if (t.graph_addrs.size() < first + addrs.size() ||
+      !std::equal(addrs.begin(), addrs.end(), t.graph_addrs.begin() + first) ||
+      t.graph_addrs.size() != own_first + own.size() ||
+      !std::equal(own.begin(), own.end(), t.graph_addrs.begin() + own_first))
     t.drop_graphs();
 }
 

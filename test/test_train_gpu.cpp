@@ -5,6 +5,7 @@
 // gradients. Skipped where there is no GPU.
 #include <gtest/gtest.h>
 
+#include <cctype>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -206,6 +207,51 @@ TEST(TrainGpu, PredictFromACallbackDoesNotBreakTheGraphs) {
   // and captures 64 again (17 too); later predicts reuse the grown buffers.
   const std::string info = graphed.gpu_training_info();
   EXPECT_NE(info.find("3 captures"), std::string::npos) << info;
+}
+
+// The number before `what` (" captures", " eager steps") in gpu_training_info(), or -1.
+long count_in_info(const Sequential& m, const std::string& what) {
+  const std::string info = m.gpu_training_info();
+  const std::size_t at = info.find(what);
+  if (at == std::string::npos) return -1;
+  std::size_t start = at;
+  while (start > 0 && std::isdigit(static_cast<unsigned char>(info[start - 1]))) --start;
+  return start < at ? std::stol(info.substr(start, at - start)) : -1;
+}
+
+// A forward in training mode from a callback, at a batch between the training batch and a
+// larger predict's: every layer output already fits (the predict grew them), but
+// MaxPool2D's record of the winners, which only a training forward writes, grows and moves.
+// The captured steps wrote the freed block from then on; now the graphs are dropped, and
+// the next steps of each size run eagerly and are captured again, which a run whose
+// callback only predicts does not need.
+TEST(TrainGpu, ATrainingForwardThatMovesOnlyTheMaxPoolRecordDropsTheGraphs) {
+  MF_SKIP_WITHOUT_GPU();
+  ConvOptionsGuard options(/*find=*/false, /*fma_only=*/true);
+  const mf::data::Dataset train = synthetic(401, 4);
+  const Tensor big = Tensor::zeros({300, 28, 28, 1}), middle = Tensor::zeros({200, 28, 28, 1});
+  FitOptions o;
+  o.epochs = 3;
+  o.batch_size = 64;
+  o.seed = 6;
+  o.use_graph = true;
+  long eager[2] = {0, 0};
+  std::vector<double> weights[2];
+  for (const bool forward_too : {false, true}) {
+    SCOPED_TRACE(forward_too ? "predict, then a training forward" : "predict only");
+    Sequential m = gpu_model(8, DType::kF32);
+    mf::FitCallbacks cb;
+    cb.on_epoch_end = [&](const mf::EpochLog& e) {
+      if (e.epoch == 0) (void)m.predict(big, 300);
+      if (e.epoch == 1 && forward_too) (void)m.forward(middle.to(Device::kGpu));
+    };
+    m.fit(train, nullptr, o, cb);
+    eager[forward_too] = count_in_info(m, " eager steps");
+    weights[forward_too] = weights_of(m);
+  }
+  EXPECT_GT(eager[0], 0);
+  EXPECT_GT(eager[1], eager[0]) << "the graphs were kept after the winners' record moved";
+  EXPECT_TRUE(all_close(weights[1], weights[0], kSameStepsFp32));  // a forward changes no weight
 }
 
 // ---- the three pipelines -------------------------------------------------------------------
