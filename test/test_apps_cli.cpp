@@ -219,6 +219,18 @@ std::vector<std::string> temp_files_in(const TempDir& dir) {
   return found;
 }
 
+// The text of `path` so far, "" while it does not exist (a child may not have created it yet).
+std::string text_so_far(const std::string& path) {
+  std::ifstream f(path);
+  return std::string(std::istreambuf_iterator<char>(f), {});
+}
+
+// Waits up to 30 s for `text` to appear in the file `path` that a child writes.
+void wait_for_text(const std::string& path, const std::string& text) {
+  for (int i = 0; i < 600 && text_so_far(path).find(text) == std::string::npos; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+}
+
 // A long run on the 20 tiny images, one line per epoch, saving after each: a signal or a
 // closed output reaches it in the middle of its training.
 std::vector<std::string> long_tiny_run(const TempDir& dir) {
@@ -723,19 +735,13 @@ TEST(TrainMnistCli, SigtermAndSighupStopAfterSavingAsCtrlCDoes) {
     const std::string out = dir.file("out.txt"), err = dir.file("err.txt");
     const pid_t pid = start_train_mnist(long_tiny_run(dir), out, err);
     ASSERT_GT(pid, 0);
-    // Epoch 2's line is printed once epoch 1 has been saved.
-    auto printed = [&] {
-      std::ifstream f(out);  // the child may not have created it yet
-      return std::string(std::istreambuf_iterator<char>(f), {});
-    };
-    for (int i = 0; i < 600 && printed().find("Epoch 2/") == std::string::npos; ++i)
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    wait_for_text(out, "Epoch 2/");  // printed once epoch 1 has been saved
     ::kill(pid, sig);
     EXPECT_EQ(wait_exit_status(pid), 128 + sig);
     const std::string e = apps::read_file_bytes(err);
     EXPECT_EQ(count_lines(e), 2) << e;  // the blank line that ends the progress line, then the note
     EXPECT_NE(e.find("stopping after this step"), std::string::npos) << e;
-    EXPECT_NE(printed().find("Saved " + dir.file("run.ckpt")), std::string::npos);
+    EXPECT_NE(text_so_far(out).find("Saved " + dir.file("run.ckpt")), std::string::npos);
     const apps::CheckpointFile saved = apps::read_checkpoint(dir.file("run.ckpt"));
     EXPECT_GE(saved.contents.meta.epoch, 1);
     EXPECT_TRUE(temp_files_in(dir).empty()) << temp_files_in(dir)[0];
@@ -758,12 +764,7 @@ TEST(TrainMnistCli, StoppedRunsMetricsListEachEpochOnce) {
     args.insert(args.end(), {"--metrics-json", json});
     const pid_t pid = start_train_mnist(args, out, dir.file("err.txt"));
     ASSERT_GT(pid, 0);
-    auto printed = [&] {
-      std::ifstream f(out);  // the child may not have created it yet
-      return std::string(std::istreambuf_iterator<char>(f), {});
-    };
-    for (int i = 0; i < 600 && printed().find("Epoch 3/") == std::string::npos; ++i)
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    wait_for_text(out, "Epoch 3/");
     ::kill(pid, SIGINT);
     EXPECT_EQ(wait_exit_status(pid), 130);
     const std::string m = apps::read_file_bytes(json);

@@ -597,9 +597,31 @@ TEST(AtomicFile, NamesUpTo255BytesAreWrittenAndLongerOnesRefused) {
   }
 }
 
+// For a death test's child: writes 1 MiB to `path` with write_bytes_atomic under a 4 KiB
+// RLIMIT_FSIZE, past which write() raises SIGXFSZ, handled by `on_limit`: a signal that
+// comes in the middle of the write, at a known point.
+void write_past_a_4k_file_limit(const std::string& path, void (*on_limit)(int)) {
+  struct sigaction sa {};
+  sa.sa_handler = on_limit;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGXFSZ, &sa, nullptr);
+  rlimit small{};
+  getrlimit(RLIMIT_FSIZE, &small);
+  small.rlim_cur = 4096;
+  setrlimit(RLIMIT_FSIZE, &small);
+  const std::string big(std::size_t{1} << 20, 'x');
+  apps::write_bytes_atomic(path, big.data(), big.size());
+}
+
+// The names of the files in `dir`, each followed by a space.
+std::string names_in(const TempDir& dir) {
+  std::string names;
+  for (const auto& e : fs::directory_iterator(dir.path())) names += e.path().filename().string() + " ";
+  return names;
+}
+
 // What train_mnist's second Ctrl-C does: the process ends in the middle of a save, from a
 // signal handler. The handler removes the temporary file; the old file stays as it was.
-// Here the signal comes from the write itself: past RLIMIT_FSIZE, write() raises SIGXFSZ.
 extern "C" void exit_removing_the_temp_file(int) {
   apps::remove_temp_file_in_progress();
   ::_exit(130);
@@ -609,64 +631,36 @@ TEST(AtomicFileDeathTest, ProcessEndingMidWriteLeavesNoTemporaryFile) {
   TempDir dir;
   const std::string path = dir.file("run.ckpt");
   spit(path, "old checkpoint\n");
-  const std::string big(std::size_t{1} << 20, 'x');
   EXPECT_EXIT(
       {
-        struct sigaction sa {};
-        sa.sa_handler = exit_removing_the_temp_file;
-        sigemptyset(&sa.sa_mask);
-        sigaction(SIGXFSZ, &sa, nullptr);
-        rlimit small{};
-        getrlimit(RLIMIT_FSIZE, &small);
-        small.rlim_cur = 4096;
-        setrlimit(RLIMIT_FSIZE, &small);
-        apps::write_bytes_atomic(path, big.data(), big.size());
+        write_past_a_4k_file_limit(path, exit_removing_the_temp_file);
         std::fprintf(stderr, "the write finished");
         std::exit(0);
       },
       ::testing::ExitedWithCode(130), "");
   EXPECT_EQ(slurp(path), "old checkpoint\n");
-  std::string left;
-  for (const auto& e : fs::directory_iterator(dir.path())) left += e.path().filename().string() + " ";
-  EXPECT_EQ(left, "run.ckpt ") << "the temporary file was left behind";
+  EXPECT_EQ(names_in(dir), "run.ckpt ") << "the temporary file was left behind";
 }
 
 // predict's Ctrl-C (remove_temp_file_on_stop_signals): a SIGINT in the middle of a write
 // removes the temporary file and ends the process as SIGINT does by default (the shell's
-// 130). The SIGINT is sent from inside the write: past RLIMIT_FSIZE, write() raises
-// SIGXFSZ, whose handler here raises SIGINT.
+// 130). The SIGINT is sent from inside the write, by the SIGXFSZ handler.
 extern "C" void interrupt_the_write(int) { (void)::raise(SIGINT); }
 
 TEST(AtomicFileDeathTest, CtrlCMidWriteLeavesNoTemporaryFileAndEndsAsCtrlC) {
   TempDir dir;
   const std::string path = dir.file("grid.png");
   spit(path, "old grid\n");
-  const std::string big(std::size_t{1} << 20, 'x');
   EXPECT_EXIT(
       {
         apps::remove_temp_file_on_stop_signals();
-        struct sigaction sa {};
-        sa.sa_handler = interrupt_the_write;
-        sigemptyset(&sa.sa_mask);
-        sigaction(SIGXFSZ, &sa, nullptr);
-        rlimit small{};
-        getrlimit(RLIMIT_FSIZE, &small);
-        small.rlim_cur = 4096;
-        setrlimit(RLIMIT_FSIZE, &small);
-        try {
-          apps::write_bytes_atomic(path, big.data(), big.size());
-        } catch (const std::exception& e) {
-          std::fprintf(stderr, "the write failed: %s", e.what());
-          std::exit(1);
-        }
+        write_past_a_4k_file_limit(path, interrupt_the_write);
         std::fprintf(stderr, "the write finished");
         std::exit(0);
       },
       ::testing::KilledBySignal(SIGINT), "");
   EXPECT_EQ(slurp(path), "old grid\n");
-  std::string left;
-  for (const auto& e : fs::directory_iterator(dir.path())) left += e.path().filename().string() + " ";
-  EXPECT_EQ(left, "grid.png ") << "the temporary file was left behind";
+  EXPECT_EQ(names_in(dir), "grid.png ") << "the temporary file was left behind";
 }
 
 TEST(Checkpoint, ParserBoundsEveryLength) {
