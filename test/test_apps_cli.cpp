@@ -43,6 +43,7 @@ using namespace mf;
 namespace {
 
 using mf::testing::count_lines;
+using mf::testing::read_whole_file;
 using mf::testing::run_program;
 using mf::testing::RunResult;
 using mf::testing::sh_quote;
@@ -219,15 +220,9 @@ std::vector<std::string> temp_files_in(const TempDir& dir) {
   return found;
 }
 
-// The text of `path` so far, "" while it does not exist (a child may not have created it yet).
-std::string text_so_far(const std::string& path) {
-  std::ifstream f(path);
-  return std::string(std::istreambuf_iterator<char>(f), {});
-}
-
 // Waits up to 30 s for `text` to appear in the file `path` that a child writes.
 void wait_for_text(const std::string& path, const std::string& text) {
-  for (int i = 0; i < 600 && text_so_far(path).find(text) == std::string::npos; ++i)
+  for (int i = 0; i < 600 && read_whole_file(path).find(text) == std::string::npos; ++i)
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
 }
 
@@ -741,7 +736,7 @@ TEST(TrainMnistCli, SigtermAndSighupStopAfterSavingAsCtrlCDoes) {
     const std::string e = apps::read_file_bytes(err);
     EXPECT_EQ(count_lines(e), 2) << e;  // the blank line that ends the progress line, then the note
     EXPECT_NE(e.find("stopping after this step"), std::string::npos) << e;
-    EXPECT_NE(text_so_far(out).find("Saved " + dir.file("run.ckpt")), std::string::npos);
+    EXPECT_NE(read_whole_file(out).find("Saved " + dir.file("run.ckpt")), std::string::npos);
     const apps::CheckpointFile saved = apps::read_checkpoint(dir.file("run.ckpt"));
     EXPECT_GE(saved.contents.meta.epoch, 1);
     EXPECT_TRUE(temp_files_in(dir).empty()) << temp_files_in(dir)[0];

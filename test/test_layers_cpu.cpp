@@ -456,14 +456,10 @@ TEST_P(LayerCpu, MaxPoolTiesGoToTheFirstPosition) {
       {0, 0, 0, 1},   // unique max at 3
       {-0.0f, 0.0f, -0.0f, 0.0f}};  // +0 == -0: position 0
   const std::int64_t c = static_cast<std::int64_t>(windows.size());
-  // one 2x2 image with one channel per window: x[r][s][ch] = windows[ch][2r + s]
-  Tensor x = Tensor::empty({1, 2, 2, c});
-  for (std::int64_t ch = 0; ch < c; ++ch)
-    for (int p = 0; p < 4; ++p) x.data<float>()[p * c + ch] = windows[ch][p];
+  const Tensor x = mf::testing::maxpool_windows(windows, c);  // one channel per window
   mf::MaxPool2D pool;
   const Tensor y = pool.forward(x).clone();
-  Tensor dy = Tensor::empty({1, 1, 1, c});
-  for (std::int64_t ch = 0; ch < c; ++ch) dy.data<float>()[ch] = static_cast<float>(ch + 1);
+  const Tensor dy = mf::testing::window_gradients(c);
   const Tensor dx = pool.backward(dy).clone();
   const int want_pos[] = {0, 1, 2, 0, 0, 3, 0};
   for (std::int64_t ch = 0; ch < c; ++ch) {
@@ -480,9 +476,7 @@ TEST_P(LayerCpu, MaxPoolTiesGoToTheFirstPosition) {
 TEST_P(LayerCpu, MaxPoolNonFiniteGradientGoesOnlyToTheWinner) {
   // windows won at positions 0, 1, 2 and 3 (one per channel)
   const std::vector<std::vector<float>> windows = {{5, 1, 2, 3}, {1, 5, 2, 3}, {1, 2, 5, 3}, {1, 2, 3, 5}};
-  Tensor x = Tensor::empty({1, 2, 2, 4});
-  for (int ch = 0; ch < 4; ++ch)
-    for (int p = 0; p < 4; ++p) x.data<float>()[p * 4 + ch] = windows[ch][p];
+  const Tensor x = mf::testing::maxpool_windows(windows, 4);
   for (float g : {INFINITY, -INFINITY, std::numeric_limits<float>::quiet_NaN()}) {
     SCOPED_TRACE("dy = " + std::to_string(g));
     mf::MaxPool2D pool;
@@ -510,8 +504,7 @@ TEST_P(LayerCpu, MaxPoolNanWinsItsWindowInEveryChannel) {
     const Tensor x = mf::testing::maxpool_nan_windows(c);
     mf::MaxPool2D pool;
     EXPECT_TRUE(mf::testing::same_or_both_nan(pool.forward(x), mf::testing::maxpool_forward_ref(x)));
-    Tensor dy = Tensor::empty({1, 1, 1, c});
-    for (std::int64_t ch = 0; ch < c; ++ch) dy.data<float>()[ch] = static_cast<float>(ch + 1);
+    const Tensor dy = mf::testing::window_gradients(c);
     EXPECT_TRUE(all_close(pool.backward(dy), mf::testing::maxpool_backward_ref(x, dy), Tol{0, 0}));
   }
 }

@@ -308,8 +308,7 @@ TEST(LayerGpu, MaxPoolNanWinsItsWindowAsOnTheCpu) {
     for (const std::int64_t c : {48, 12, 11}) {
       SCOPED_TRACE(std::string(mf::dtype_name(dt)) + ", " + std::to_string(c) + " channels");
       const Tensor x = mf::testing::maxpool_nan_windows(c);
-      Tensor dy = Tensor::empty({1, 1, 1, c});
-      for (std::int64_t ch = 0; ch < c; ++ch) dy.data<float>()[ch] = static_cast<float>(ch + 1);
+      const Tensor dy = mf::testing::window_gradients(c);
       mf::MaxPool2D pool;
       pool.to(Device::kGpu);
       if (dt == DType::kF16) pool.set_compute_dtype(DType::kF16);

@@ -212,18 +212,27 @@ std::vector<double> maxpool_backward_ref(const Tensor& x, const Tensor& dy) {
   return dx;
 }
 
-Tensor maxpool_nan_windows(std::int64_t c) {
-  const float nan = std::numeric_limits<float>::quiet_NaN();
-  const std::vector<std::vector<float>> windows = {
-      {nan, 1, 2, 3}, {1, nan, 2, 3}, {1, 2, nan, 3}, {1, 2, 3, nan},  // one NaN, at each place
-      {1, nan, 2, nan}, {nan, 5, nan, 1},                              // two: the first wins
-      {INFINITY, nan, 1, 2}, {-INFINITY, -INFINITY, nan, -1},          // with infinities
-      {1, 2, 3, 4}, {4, 3, 2, 1}, {-INFINITY, INFINITY, 0, 1}};        // none
-  Tensor x = Tensor::empty({1, 2, 2, c});
+Tensor maxpool_windows(const std::vector<std::vector<float>>& windows, std::int64_t c) {
+  Tensor x = Tensor::empty({1, 2, 2, c});  // x[r][s][ch] = window[2r + s]
   for (std::int64_t ch = 0; ch < c; ++ch)
     for (int p = 0; p < 4; ++p)
       x.data<float>()[p * c + ch] = windows[static_cast<std::size_t>(ch) % windows.size()][static_cast<std::size_t>(p)];
   return x;
+}
+
+Tensor maxpool_nan_windows(std::int64_t c) {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  return maxpool_windows({{nan, 1, 2, 3}, {1, nan, 2, 3}, {1, 2, nan, 3}, {1, 2, 3, nan},  // one NaN, at each place
+                          {1, nan, 2, nan}, {nan, 5, nan, 1},                              // two: the first wins
+                          {INFINITY, nan, 1, 2}, {-INFINITY, -INFINITY, nan, -1},          // with infinities
+                          {1, 2, 3, 4}, {4, 3, 2, 1}, {-INFINITY, INFINITY, 0, 1}},        // none
+                         c);
+}
+
+Tensor window_gradients(std::int64_t c) {
+  Tensor dy = Tensor::empty({1, 1, 1, c});
+  for (std::int64_t ch = 0; ch < c; ++ch) dy.data<float>()[ch] = static_cast<float>(ch + 1);
+  return dy;
 }
 
 ::testing::AssertionResult same_or_both_nan(const Tensor& a, const std::vector<double>& ref) {
@@ -285,12 +294,10 @@ std::string sh_quote(const std::string& s) {
   return q + "'";
 }
 
-namespace {
 std::string read_whole_file(const std::string& path) {
   std::ifstream f(path, std::ios::binary);
   return std::string(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
 }
-}  // namespace
 
 RunResult run_program(const std::string& program, const std::string& args, const TempDir& dir,
                       const std::string& before) {

@@ -67,6 +67,9 @@ std::string sh_quote(const std::string& s);
 
 // How a program a test ran ended (status: its exit status, -1 when a signal ended it) and
 // what it printed.
+// The bytes of `path`; "" when it cannot be opened (a file a child has not created yet).
+std::string read_whole_file(const std::string& path);
+
 struct RunResult {
   int status;
   std::string out, err;
@@ -125,9 +128,14 @@ ConvGrads conv2d_backward_ref(const Tensor& x, const Tensor& w, const Tensor& b,
 // its largest values (row by row: top-left, top-right, bottom-left, bottom-right).
 std::vector<double> maxpool_forward_ref(const Tensor& x);
 std::vector<double> maxpool_backward_ref(const Tensor& x, const Tensor& dy);
-// One 2x2 image of `c` channels (c >= 1) whose windows hold NaN at various places, and some
-// no NaN at all, inf and -inf among them: MaxPool2D's NaN tests on both devices.
+// One 2x2 image of `c` channels whose channel ch holds the window windows[ch % windows.size()]
+// (its four values row by row): for MaxPool2D's tests of which position wins.
+Tensor maxpool_windows(const std::vector<std::vector<float>>& windows, std::int64_t c);
+// maxpool_windows whose windows hold NaN at various places, and some no NaN at all, inf
+// and -inf among them: MaxPool2D's NaN tests on both devices.
 Tensor maxpool_nan_windows(std::int64_t c);
+// (1, 1, 1, c) gradients, ch + 1 for channel ch, so that each window's shows where it went.
+Tensor window_gradients(std::int64_t c);
 // `a` equals `ref` exactly, NaN where `ref` is NaN.
 ::testing::AssertionResult same_or_both_nan(const Tensor& a, const std::vector<double>& ref);
 // dense: x (N,in), w (in,units), b (units)
