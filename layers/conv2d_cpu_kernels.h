@@ -158,7 +158,11 @@ inline int pack_nonzeros(const float* dz, std::int64_t K, std::int32_t* idx, flo
     const __m512i i = _mm512_add_epi32(lanes, _mm512_set1_epi32(static_cast<std::int32_t>(o)));
     _mm512_storeu_ps(val + n, _mm512_maskz_compress_ps(keep, v));
     _mm512_storeu_si512(idx + n, _mm512_maskz_compress_epi32(keep, i));
-    n += __builtin_popcount(keep);
+    // The count goes through _cvtmask16_u32 (kmovw into a 32-bit register, upper bits
+    // zero) rather than __builtin_popcount(keep): GCC 12 with -fsanitize=thread spills the
+    // 16-bit mask with kmovw and counts the 32 bits at that stack slot, stale upper half
+    // included, so n overran the row and a thread's entries ran into the next's.
+    n += __builtin_popcount(_cvtmask16_u32(keep));
   }
 #endif
   for (; o < K; ++o) {  // branch-free: always write, advance only past a nonzero
