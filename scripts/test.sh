@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # test.sh: set-up (packages, MNIST, build), then every test with ctest. GPU tests report
 # SKIPPED (with the reason) on a machine without a GPU.
-#   test.sh --sanitize   also builds the CPU path with ASan+UBSan in build-asan/ and runs
-#                        its tests there (GPU off)
+#   test.sh --sanitize   also builds the CPU path with ASan+UBSan in build-asan/ and with
+#                        ThreadSanitizer in build-tsan/, and runs its tests there (GPU off)
 set -euo pipefail
 root="$(cd "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")/.." && pwd)"
 # The comment above, for --help.
@@ -40,4 +40,14 @@ if [ "$sanitize" = 1 ]; then
   # fit (5 minutes under the sanitizers), which runs the code the other fits run.
   ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
     run_ctest "$root/build-asan" -E '^[A-Za-z]+Gpu[.]|TrainMnistFull|^Emulated[.]TrainGpu[.]ShortFitLearns$'
+  echo "==> ThreadSanitizer build of the CPU path"
+  MF_BUILD_DIR="$root/build-tsan" MF_CMAKE_ARGS="-DMF_WITH_CUDA=OFF -DMF_TSAN=ON -DMF_BUILD_BENCH=OFF" \
+    "$root/scripts/setup.sh"
+  # The thread pool and the layers that use it, and the emulated kernels' blocks of real
+  # threads, with this machine's vector width (-march=native, where the ASan build above
+  # takes the compiler's default). Not the GPU suites, nor the trainings that run those same
+  # layers for minutes more under ThreadSanitizer: train_mnist's command-line tests, the
+  # 5-epoch run, the comparison with PyTorch and the emulated fits.
+  TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
+    run_ctest "$root/build-tsan" -E '^[A-Za-z]+Gpu[.]|TrainMnistFull|^TrainMnistCli[.]|SameLossesAsPyTorch|^Emulated[.]TrainGpu[.]'
 fi

@@ -136,12 +136,13 @@ void write_blank_rgba16_png(const std::string& path, std::uint32_t side) {
                                         << chunk("IEND", "");
 }
 
-// A 1 GB address-space limit, for the out-of-memory tests. AddressSanitizer reserves far more
-// address space than that for its shadow memory, so a sanitized build cannot run under it.
-#if defined(__SANITIZE_ADDRESS__)
+// A 1 GB address-space limit, for the out-of-memory tests. AddressSanitizer and
+// ThreadSanitizer reserve far more address space than that for their shadow memory, so a
+// sanitized build cannot run under it.
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
 constexpr bool kCanLimitAddressSpace = false;
 #elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
 constexpr bool kCanLimitAddressSpace = false;
 #else
 constexpr bool kCanLimitAddressSpace = true;
@@ -668,7 +669,7 @@ TEST(TrainMnistCli, ResumeMessagesShowNumbersInFull) {
 // of the C++ library's bare "std::bad_alloc". Here the training images need 1.5 GB of a 1 GB
 // address space.
 TEST(TrainMnistCli, OutOfHostMemoryIsOneLineSayingWhatToTry) {
-  if (!kCanLimitAddressSpace) GTEST_SKIP() << "AddressSanitizer cannot run under a 1 GB address-space limit";
+  if (!kCanLimitAddressSpace) GTEST_SKIP() << "a sanitized build (AddressSanitizer, ThreadSanitizer) cannot run under a 1 GB address-space limit";
   TempDir data, dir;
   write_mnist_too_large_for_1gb(data);
   const RunResult r = run_program(MF_TRAIN_MNIST_BIN, "--device cpu --threads 1 --data " + data.file(""), dir, kUlimit1Gb);

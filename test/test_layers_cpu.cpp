@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "layers/conv2d.h"
+#include "layers/conv2d_cpu_kernels.h"
 #include "layers/conv_options.h"
 #include "layers/dense.h"
 #include "layers/flatten.h"
@@ -315,6 +316,58 @@ TEST_P(LayerCpu, Conv2dSparseAndDenseKernelsAgree) {
   }
   EXPECT_TRUE(agree(dx[0], dx[1]));
   EXPECT_TRUE(agree(dw[0], dw[1]));
+}
+
+// Fills a stretch of the stack with ones, so that a kernel reading stale stack bytes
+// (a mask spilled in 16 bits and counted in 32, as GCC 12 compiled pack_nonzeros under
+// ThreadSanitizer) finds them set rather than zero.
+__attribute__((noinline)) void dirty_the_stack() {
+  volatile unsigned char junk[8192];
+  for (auto& b : junk) b = 0xff;
+}
+
+// pack_nonzeros, the list behind the sparse gradients: its count is the number of nonzero
+// entries (NaN and inf included, -0.0 not), the listed entries are those in order, and it
+// writes at most kLanes slots past them. Rows of each length up to 70 (whole vectors and a
+// scalar tail), with several patterns of zeros.
+TEST(CpuKernels, PackNonzerosListsEachNonzeroEntryOnce) {
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  constexpr float kSentinel = 12345.0f;
+  for (std::int64_t k = 1; k <= 70; ++k) {
+    for (int pattern = 0; pattern < 5; ++pattern) {
+      std::vector<float> row(static_cast<std::size_t>(k));
+      for (std::int64_t o = 0; o < k; ++o) {
+        const float v = 1.0f + static_cast<float>(o);
+        switch (pattern) {
+          case 0: row[o] = v; break;                                      // no zeros
+          case 1: row[o] = 0.0f; break;                                   // all zeros
+          case 2: row[o] = o % 3 == 1 ? v : (o % 2 ? -0.0f : 0.0f); break;  // a third
+          case 3: row[o] = o % 5 == 0 ? nan : (o % 7 == 0 ? -inf : v); break;
+          default: row[o] = o == k - 1 ? -v : 0.0f; break;                // the last only
+        }
+      }
+      std::vector<std::int32_t> want_idx;
+      for (std::int64_t o = 0; o < k; ++o)
+        if (!(row[o] == 0.0f)) want_idx.push_back(static_cast<std::int32_t>(o));
+      const std::size_t room = static_cast<std::size_t>(k + 2 * mf::cpu::kLanes);
+      std::vector<std::int32_t> idx(room, -7);
+      std::vector<float> val(room, kSentinel);
+      dirty_the_stack();
+      const int n = mf::cpu::pack_nonzeros(row.data(), k, idx.data(), val.data());
+      SCOPED_TRACE("k=" + std::to_string(k) + " pattern " + std::to_string(pattern));
+      ASSERT_EQ(n, static_cast<int>(want_idx.size()));
+      for (int e = 0; e < n; ++e) {
+        ASSERT_EQ(idx[e], want_idx[e]) << "entry " << e;
+        const float want = row[want_idx[e]];
+        if (std::isnan(want)) EXPECT_TRUE(std::isnan(val[e])) << "entry " << e;
+        else EXPECT_EQ(val[e], want) << "entry " << e;
+      }
+      for (std::size_t i = static_cast<std::size_t>(n) + mf::cpu::kLanes; i < room; ++i) {
+        ASSERT_EQ(idx[i], -7) << "written past the entries and the kLanes slots after them, at " << i;
+        ASSERT_EQ(val[i], kSentinel) << "written past the entries and the kLanes slots after them, at " << i;
+      }
+    }
+  }
 }
 
 // NaN and inf in a sparse gradient reach the weight and data gradients, as in the dense path.

@@ -45,6 +45,10 @@
 #if defined(__SANITIZE_ADDRESS__) || defined(MF_TEST_UNDER_ASAN)
 extern "C" const char* __asan_default_options() { return "allocator_may_return_null=1"; }
 #endif
+// ThreadSanitizer (test.sh --sanitize, build-tsan) likewise.
+#if defined(__SANITIZE_THREAD__)
+extern "C" const char* __tsan_default_options() { return "allocator_may_return_null=1"; }
+#endif
 
 namespace {
 
