@@ -13,11 +13,19 @@
 // say "outofmem" when it runs out (its PNG inflater returns NULL without a reason, leaving
 // the one an earlier format probe set), and a file that is fine but too big for the memory
 // at hand must not be reported as corrupt.
+//
+// New blocks are zeroed. stb 2.27 does not clear its JPEG decoder's state, so a scan that
+// uses a Huffman table no DHT segment defined reads uninitialised heap memory as the
+// table (valgrind: "conditional jump depends on uninitialised value", in
+// stbi__jpeg_decode_block) and uses it for lookups: such a file decoded to whatever the heap
+// held, a different image in each process (fuzz/regressions/image/jpeg_bits_run_out.jpg:
+// classified in predict, blank in a test). An all-zero table gives symbol 0 for 0 bits at
+// every lookup, the same in every process. Large blocks come as fresh zero pages anyway.
 namespace {
 thread_local bool g_stb_out_of_memory = false;
 
 void* stb_malloc(std::size_t size) {
-  void* p = std::malloc(size);
+  void* p = std::calloc(1, size);
   if (!p && size > 0) g_stb_out_of_memory = true;
   return p;
 }
