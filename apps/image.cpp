@@ -158,6 +158,38 @@ std::string bmp_truncation(const std::uint8_t* p, std::size_t size, std::int64_t
   return "the header says " + std::to_string(stride * h) + " bytes of pixels, the file has " + std::to_string(has);
 }
 
+// "" unless a palette BMP (1, 4 or 8 bits a pixel) has a pixel whose colour index lies past
+// the palette, else what is wrong. stb 2.27 keeps the palette in a 256-entry array on its
+// stack and fills only the entries the file holds: a pixel past them took whatever the
+// stack held (valgrind: uninitialised values), so such a file decoded to a different image
+// in each process. The palette's size is counted as stb counts it, from the bytes between
+// the headers and the pixels: 4 bytes an entry (in an OS/2 BMP 3, and stb counts 4 entries
+// fewer than those bytes hold). stb refuses 0 entries, and more than 256, itself. For whole
+// files only (bmp_truncation first).
+std::string bmp_palette_overrun(const std::uint8_t* p, std::size_t size, std::int64_t width, std::int64_t height) {
+  const std::uint32_t hsz = le32(p + 14);
+  const std::uint32_t bpp = le16(p + (hsz == 12 ? 24 : 28));
+  if (bpp != 1 && bpp != 4 && bpp != 8) return "";
+  const auto offset = static_cast<std::int64_t>(le32(p + 10));
+  const std::int64_t room = offset - 14 - (hsz == 12 ? 24 : std::int64_t{hsz});
+  // stb: (offset - 14 - 24) / 3 for OS/2 (int division), (offset - 14 - hsz) >> 2 otherwise.
+  const std::int64_t entries = hsz == 12 ? room / 3 : (room >= 0 ? room / 4 : -((-room + 3) / 4));
+  if (entries < 0) return "the pixels start at byte " + std::to_string(offset) + ", inside the headers";
+  if (entries == 0 || entries >= (std::int64_t{1} << bpp)) return "";
+  const std::uint64_t w = static_cast<std::uint64_t>(width), h = static_cast<std::uint64_t>(height);
+  const std::uint64_t row = bpp == 8 ? w : bpp == 4 ? (w + 1) / 2 : (w + 7) / 8, stride = (row + 3) / 4 * 4;
+  if (static_cast<std::uint64_t>(offset) + stride * (h - 1) + row > size) return "";  // cut: not for here
+  for (std::uint64_t y = 0; y < h; ++y) {
+    const std::uint8_t* r = p + offset + y * stride;
+    for (std::uint64_t x = 0; x < w; ++x) {
+      const int index = bpp == 8 ? r[x] : bpp == 4 ? (x % 2 ? r[x / 2] & 15 : r[x / 2] >> 4) : (r[x / 8] >> (7 - x % 8)) & 1;
+      if (index >= entries)
+        return "a pixel uses colour " + std::to_string(index) + " of a palette of " + std::to_string(entries);
+    }
+  }
+  return "";
+}
+
 // stb_image 2.27 (Debian's libstb-dev) builds a JPEG Huffman table from 16 counts without
 // checking that they sum to at most 256 (what the table has room for), so a crafted DHT
 // segment writes past the end of it (found by fuzz/fuzz_image; stb 2.28 checks). This finds
@@ -287,6 +319,8 @@ GrayImage decode_gray_image(const std::uint8_t* bytes, std::size_t size, const s
   if (format == Format::kBmp) {
     const std::string cut = bmp_truncation(bytes, size, width, height);
     if (!cut.empty()) throw ImageError(name, "truncated BMP: " + cut);
+    const std::string past = bmp_palette_overrun(bytes, size, width, height);
+    if (!past.empty()) throw ImageError(name, "corrupt BMP: " + past);
   }
   w = static_cast<int>(width), h = static_cast<int>(height);
   const bool alpha = comp == 2 || comp == 4;

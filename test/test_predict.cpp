@@ -322,6 +322,60 @@ TEST(Images, TruncatedBmpIsRefusedFromItsSize) {
   EXPECT_NE(square.find("16384x16384 pixels, more than 64 Mpixel"), std::string::npos) << square;
 }
 
+// A BMP of w x h colour indices of `bpp` bits (1, 4 or 8) with a grey palette of `palette`
+// entries, rows bottom-up and padded to 4 bytes; `pad` fills the bits past each row's last
+// pixel.
+std::string palette_bmp(int w, int h, int bpp, int palette, const std::vector<int>& indices, std::uint8_t pad = 0) {
+  const int row = (w * bpp + 7) / 8, stride = (row + 3) / 4 * 4;
+  std::string b = bmp_header(w, h, bpp, palette, static_cast<std::uint32_t>(stride * h));
+  for (int i = 0; i < palette; ++i) put_le(b, static_cast<std::uint32_t>(255 * i / std::max(1, palette - 1)) * 0x010101u, 4);
+  for (int r = h - 1; r >= 0; --r) {
+    std::string line(static_cast<std::size_t>(stride), static_cast<char>(pad));
+    for (int x = 0; x < w; ++x) {
+      const int bit = x * bpp, v = indices[static_cast<std::size_t>(r * w + x)];
+      auto& byte = reinterpret_cast<std::uint8_t&>(line[static_cast<std::size_t>(bit / 8)]);
+      const int shift = 8 - bpp - bit % 8;
+      byte = static_cast<std::uint8_t>((byte & ~(((1 << bpp) - 1) << shift)) | (v << shift));
+    }
+    b += line;
+  }
+  return b;
+}
+
+// stb 2.27 reads a palette BMP's pixels through a 256-entry palette on its stack, of which
+// it fills only the entries the file holds: a pixel past them took stack garbage. Such a
+// file is refused, naming the colour and the palette's size; pixels inside it, and padding
+// bits past a row's end whatever they hold, still decode.
+TEST(Images, BmpPixelsPastThePaletteAreRefused) {
+  TempDir dir;
+  const int w = 7, h = 3;
+  struct Case {
+    int bpp, palette;
+  };
+  for (const Case c : {Case{8, 4}, Case{4, 3}, Case{1, 1}}) {
+    SCOPED_TRACE(std::to_string(c.bpp) + " bits, " + std::to_string(c.palette) + " colours");
+    std::vector<int> inside(static_cast<std::size_t>(w * h));
+    for (std::size_t i = 0; i < inside.size(); ++i) inside[i] = static_cast<int>(i % static_cast<std::size_t>(c.palette));
+    const std::string ok = dir.file("ok" + std::to_string(c.bpp) + ".bmp");
+    save_bytes(ok, palette_bmp(w, h, c.bpp, c.palette, inside, 0xff));
+    EXPECT_EQ(image_error(ok), "");
+    for (const int at : {0, w * h / 2, w * h - 1}) {
+      std::vector<int> past = inside;
+      past[static_cast<std::size_t>(at)] = (1 << c.bpp) - 1;
+      const std::string bad = dir.file("past" + std::to_string(c.bpp) + "_" + std::to_string(at) + ".bmp");
+      save_bytes(bad, palette_bmp(w, h, c.bpp, c.palette, past));
+      EXPECT_EQ(image_error(bad), bad + ": corrupt BMP: a pixel uses colour " + std::to_string((1 << c.bpp) - 1) +
+                                      " of a palette of " + std::to_string(c.palette));
+    }
+  }
+  // Pixels said to start inside the headers: stb would read no palette at all.
+  std::string inside_headers = palette_bmp(w, h, 8, 2, std::vector<int>(w * h, 1));
+  inside_headers[10] = 50;  // the pixels' offset, 4 bytes before the info header ends
+  save_bytes(dir.file("inside.bmp"), inside_headers);
+  EXPECT_EQ(image_error(dir.file("inside.bmp")),
+            dir.file("inside.bmp") + ": corrupt BMP: the pixels start at byte 50, inside the headers");
+}
+
 // A PNG or JPEG cut short is reported as such, naming its format, never with stb's
 // leftovers ("IDA", "unknown error", or "bad png sig" for a JPEG).
 TEST(Images, CutPngAndJpegNameTheirFormat) {
