@@ -183,8 +183,12 @@ std::string bmp_palette_overrun(const std::uint8_t* p, std::size_t size, std::in
     const std::uint8_t* r = p + offset + y * stride;
     for (std::uint64_t x = 0; x < w; ++x) {
       const int index = bpp == 8 ? r[x] : bpp == 4 ? (x % 2 ? r[x / 2] & 15 : r[x / 2] >> 4) : (r[x / 8] >> (7 - x % 8)) & 1;
-      if (index >= entries)
-        return "a pixel uses colour " + std::to_string(index) + " of a palette of " + std::to_string(entries);
+      if (index < entries) continue;
+      if (hsz == 12)
+        return "a pixel uses colour " + std::to_string(index) + ", and stb_image 2.27 reads only the first " +
+               std::to_string(entries) + " of this OS/2 BMP's " + std::to_string((offset - 26) / 3) +
+               " palette entries";
+      return "a pixel uses colour " + std::to_string(index) + " of a palette of " + std::to_string(entries);
     }
   }
   return "";

@@ -368,6 +368,23 @@ TEST(Images, BmpPixelsPastThePaletteAreRefused) {
                                       " of a palette of " + std::to_string(c.palette));
     }
   }
+  // An OS/2 BMP (12-byte header, 3-byte palette entries) of 6 colours: stb reads only the
+  // first 2 of them, so colour 3 is refused, and colour 1 decodes.
+  auto os2_bmp = [](int colour) {
+    std::string b = "BM";
+    const std::uint32_t offset = 14 + 12 + 6 * 3;
+    put_le(b, offset + 8, 4), put_le(b, 0, 4), put_le(b, offset, 4);
+    put_le(b, 12, 4), put_le(b, 4, 2), put_le(b, 2, 2), put_le(b, 1, 2), put_le(b, 8, 2);
+    for (int i = 0; i < 6; ++i) b.append(3, static_cast<char>(40 * i));
+    for (int i = 0; i < 8; ++i) b += static_cast<char>(i == 5 ? colour : 0);
+    return b;
+  };
+  save_bytes(dir.file("os2_ok.bmp"), os2_bmp(1));
+  EXPECT_EQ(image_error(dir.file("os2_ok.bmp")), "");
+  save_bytes(dir.file("os2.bmp"), os2_bmp(3));
+  EXPECT_EQ(image_error(dir.file("os2.bmp")),
+            dir.file("os2.bmp") + ": corrupt BMP: a pixel uses colour 3, and stb_image 2.27 reads only the first 2 "
+                                  "of this OS/2 BMP's 6 palette entries");
   // Pixels said to start inside the headers: stb would read no palette at all.
   std::string inside_headers = palette_bmp(w, h, 8, 2, std::vector<int>(w * h, 1));
   inside_headers[10] = 50;  // the pixels' offset, 4 bytes before the info header ends
