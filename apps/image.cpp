@@ -133,29 +133,41 @@ std::string bmp_header_truncation(const std::uint8_t* p, std::size_t size) {
   return "";
 }
 
-// "" if a BMP holds all the pixel bytes its header promises, else the shortfall: stb 2.27
-// reads zeros past the end of a cut file and decodes it without a word. Laid out as
-// stbi__bmp_load reads it, for whole headers that stbi_info accepted: the pixels start at the
-// header's offset; a row holds ceil(w * bpp / 8) bytes (stb reads 4 a pixel above 24 bits),
-// padded to a multiple of 4. The last row's padding, which stb never reads, may be missing.
-std::string bmp_truncation(const std::uint8_t* p, std::size_t size, std::int64_t width, std::int64_t height) {
-  const std::uint64_t header = 14 + std::uint64_t{le32(p + 14)};  // file header + info header
-  const std::uint32_t bpp = le16(p + (header == 26 ? 24 : 28));  // OS/2 (12-byte) or Windows
+// Where a BMP's pixels lie, as stbi__bmp_load reads them, for whole headers that stbi_info
+// accepted: they start at the header's offset; a row holds ceil(w * bpp / 8) bytes (stb
+// reads 4 a pixel above 24 bits), padded to a multiple of 4 (the stride). row is 0 for a
+// depth stb refuses itself (2 bits and such).
+struct BmpLayout {
+  std::uint32_t info_size, bpp;  // info header: 12 (OS/2) or a Windows one
+  std::uint64_t offset, row, stride;
+};
+BmpLayout bmp_layout(const std::uint8_t* p, std::int64_t width) {
+  BmpLayout b;
+  b.info_size = le32(p + 14);
+  b.bpp = le16(p + (b.info_size == 12 ? 24 : 28));
+  b.offset = le32(p + 10);
   const auto w = static_cast<std::uint64_t>(width);
-  std::uint64_t row = 0;
-  switch (bpp) {
-    case 1: row = (w + 7) / 8; break;
-    case 4: row = (w + 1) / 2; break;
-    case 8: row = w; break;
-    case 16: row = 2 * w; break;
-    case 24: row = 3 * w; break;
-    default: row = bpp > 16 ? 4 * w : 0;  // 2 bits and such: stb refuses the file itself
+  switch (b.bpp) {
+    case 1: b.row = (w + 7) / 8; break;
+    case 4: b.row = (w + 1) / 2; break;
+    case 8: b.row = w; break;
+    case 16: b.row = 2 * w; break;
+    case 24: b.row = 3 * w; break;
+    default: b.row = b.bpp > 16 ? 4 * w : 0;
   }
-  if (row == 0) return "";
-  const std::uint64_t stride = (row + 3) / 4 * 4, h = static_cast<std::uint64_t>(height);
-  const std::uint64_t offset = le32(p + 10), has = size > offset ? size - offset : 0;
-  if (has >= stride * (h - 1) + row) return "";
-  return "the header says " + std::to_string(stride * h) + " bytes of pixels, the file has " + std::to_string(has);
+  b.stride = (b.row + 3) / 4 * 4;
+  return b;
+}
+
+// "" if a BMP holds all the pixel bytes its header promises, else the shortfall: stb 2.27
+// reads zeros past the end of a cut file and decodes it without a word. The last row's
+// padding, which stb never reads, may be missing.
+std::string bmp_truncation(const BmpLayout& b, std::size_t size, std::int64_t height) {
+  if (b.row == 0) return "";
+  const auto h = static_cast<std::uint64_t>(height);
+  const std::uint64_t has = size > b.offset ? size - b.offset : 0;
+  if (has >= b.stride * (h - 1) + b.row) return "";
+  return "the header says " + std::to_string(b.stride * h) + " bytes of pixels, the file has " + std::to_string(has);
 }
 
 // "" unless a palette BMP (1, 4 or 8 bits a pixel) has a pixel whose colour index lies past
@@ -166,25 +178,22 @@ std::string bmp_truncation(const std::uint8_t* p, std::size_t size, std::int64_t
 // the headers and the pixels: 4 bytes an entry (in an OS/2 BMP 3, and stb counts 4 entries
 // fewer than those bytes hold). stb refuses 0 entries, and more than 256, itself. For whole
 // files only (bmp_truncation first).
-std::string bmp_palette_overrun(const std::uint8_t* p, std::size_t size, std::int64_t width, std::int64_t height) {
-  const std::uint32_t hsz = le32(p + 14);
-  const std::uint32_t bpp = le16(p + (hsz == 12 ? 24 : 28));
-  if (bpp != 1 && bpp != 4 && bpp != 8) return "";
-  const auto offset = static_cast<std::int64_t>(le32(p + 10));
-  const std::int64_t room = offset - 14 - (hsz == 12 ? 24 : std::int64_t{hsz});
+std::string bmp_palette_overrun(const std::uint8_t* p, const BmpLayout& b, std::int64_t width, std::int64_t height) {
+  if (b.bpp != 1 && b.bpp != 4 && b.bpp != 8) return "";
+  const bool os2 = b.info_size == 12;
+  const auto offset = static_cast<std::int64_t>(b.offset);
+  const std::int64_t room = offset - 14 - (os2 ? 24 : std::int64_t{b.info_size});
   // stb: (offset - 14 - 24) / 3 for OS/2 (int division), (offset - 14 - hsz) >> 2 otherwise.
-  const std::int64_t entries = hsz == 12 ? room / 3 : (room >= 0 ? room / 4 : -((-room + 3) / 4));
+  const std::int64_t entries = os2 ? room / 3 : (room >= 0 ? room / 4 : -((-room + 3) / 4));
   if (entries < 0) return "the pixels start at byte " + std::to_string(offset) + ", inside the headers";
-  if (entries == 0 || entries >= (std::int64_t{1} << bpp)) return "";
-  const std::uint64_t w = static_cast<std::uint64_t>(width), h = static_cast<std::uint64_t>(height);
-  const std::uint64_t row = bpp == 8 ? w : bpp == 4 ? (w + 1) / 2 : (w + 7) / 8, stride = (row + 3) / 4 * 4;
-  if (static_cast<std::uint64_t>(offset) + stride * (h - 1) + row > size) return "";  // cut: not for here
+  if (entries == 0 || entries >= (std::int64_t{1} << b.bpp)) return "";
+  const auto w = static_cast<std::uint64_t>(width), h = static_cast<std::uint64_t>(height);
   for (std::uint64_t y = 0; y < h; ++y) {
-    const std::uint8_t* r = p + offset + y * stride;
+    const std::uint8_t* r = p + b.offset + y * b.stride;
     for (std::uint64_t x = 0; x < w; ++x) {
-      const int index = bpp == 8 ? r[x] : bpp == 4 ? (x % 2 ? r[x / 2] & 15 : r[x / 2] >> 4) : (r[x / 8] >> (7 - x % 8)) & 1;
+      const int index = b.bpp == 8 ? r[x] : b.bpp == 4 ? (x % 2 ? r[x / 2] & 15 : r[x / 2] >> 4) : (r[x / 8] >> (7 - x % 8)) & 1;
       if (index < entries) continue;
-      if (hsz == 12)
+      if (os2)
         return "a pixel uses colour " + std::to_string(index) + ", and stb_image 2.27 reads only the first " +
                std::to_string(entries) + " of this OS/2 BMP's " + std::to_string((offset - 26) / 3) +
                " palette entries";
@@ -321,9 +330,10 @@ GrayImage decode_gray_image(const std::uint8_t* bytes, std::size_t size, const s
     throw ImageError(name, "image is " + size_text + " pixels, more than " + std::to_string(max_pixels >> 20) +
                                " Mpixel: refusing to decode it");
   if (format == Format::kBmp) {
-    const std::string cut = bmp_truncation(bytes, size, width, height);
+    const BmpLayout layout = bmp_layout(bytes, width);
+    const std::string cut = bmp_truncation(layout, size, height);
     if (!cut.empty()) throw ImageError(name, "truncated BMP: " + cut);
-    const std::string past = bmp_palette_overrun(bytes, size, width, height);
+    const std::string past = bmp_palette_overrun(bytes, layout, width, height);
     if (!past.empty()) throw ImageError(name, "corrupt BMP: " + past);
   }
   w = static_cast<int>(width), h = static_cast<int>(height);
