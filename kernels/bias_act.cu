@@ -49,7 +49,7 @@ __global__ void bias_act_forward_kernel(T* y, const T* __restrict__ bias, std::i
 #pragma unroll
     for (int k = 0; k < N; ++k) {
       float z = to_f32(r.v[k]) + to_f32(bias[c0 + k]);
-      if (relu) z = z > 0.0f ? z : 0.0f;
+      if (relu) z = z <= 0.0f ? 0.0f : z;  // NaN passes, as on the CPU (layers/conv2d_cpu_kernels.h)
       r.v[k] = from_f32<T>(z);
     }
     store_vec<T, N>(y + i * N, r);

@@ -136,7 +136,7 @@ void direct_image(const ConvGeom& g, const float* img, const float* wt, const fl
         const float* wrow = wt + t * K;
         for (std::int64_t o = 0; o < K; ++o) acc[o] += v * wrow[o];
       }
-      for (std::int64_t o = 0; o < K; ++o) out[o] = relu ? std::max(acc[o], 0.0f) : acc[o];
+      for (std::int64_t o = 0; o < K; ++o) out[o] = relu ? cpu::relu(acc[o]) : acc[o];
     }
 }
 
@@ -562,7 +562,7 @@ void Conv2D::forward_cpu(const Tensor& x, Tensor& y) {
       im2col(g, xp, b0, b1, col);
       MatView out = mat(yp + b0 * g.pixels() * g.filters, rows, g.filters);
       out.noalias() = mat(static_cast<const float*>(col), rows, g.kk_c) * w.transpose();
-      if (relu) out = (out.rowwise() + b).cwiseMax(0.0f);
+      if (relu) out = (out.rowwise() + b).cwiseMax(0.0f);  // std::max(z, 0): NaN passes, as in cpu::relu
       else out.rowwise() += b;
     }
   });

@@ -51,7 +51,11 @@ inline void store(float* p, Vec v) { __builtin_memcpy(p, &v, sizeof v); }
 // s in every lane: one vbroadcastss. (s - 0 is exactly s for every float, -0 included, so
 // the compiler drops the subtraction; "0 + s" would not be exact for -0 and is kept.)
 inline Vec splat(float s) { return s - Vec{}; }
-inline Vec relu(Vec v) { return v > 0.0f ? v : Vec{}; }
+// ReLU as PyTorch and TensorFlow have it: NaN passes through (a NaN weight or input then
+// reaches the loss, where training stops on it, instead of vanishing at the next layer).
+// One compare and one masked move, as for "v > 0 ? v : 0".
+inline Vec relu(Vec v) { return v <= 0.0f ? Vec{} : v; }
+inline float relu(float v) { return v <= 0.0f ? 0.0f : v; }
 
 // One forward tile: rows pixels (kRows at compile time) x kVecs*16 filters from o0.
 //   in[i]  first input of pixel i's receptive field (its top-left, channel 0)

@@ -63,7 +63,7 @@ void Dense::forward_cpu(const Tensor& x, Tensor& y) {
   cpu_pool().parallel_for(n, [&](std::int64_t r0, std::int64_t r1, int) {
     MatView out = mat(yp + r0 * units_, r1 - r0, units_);
     out.noalias() = mat(xp + r0 * in_, r1 - r0, in_) * w;
-    if (relu) out = (out.rowwise() + b).cwiseMax(0.0f);
+    if (relu) out = (out.rowwise() + b).cwiseMax(0.0f);  // std::max(z, 0): NaN passes, as in cpu::relu
     else out.rowwise() += b;
   }, row_grain(in_ * units_));
 }

@@ -507,8 +507,8 @@ std::string batch_shape_str(const Shape& sample) {
 
 // Throws std::invalid_argument naming the image and the position (as coordinates within
 // the image) of the first NaN or infinite value of x, a host f32 batch. One pass over the
-// data. Without this a NaN pixel gives plausible probabilities: ReLU (max(0, x)) turns
-// NaN into 0 on the way through the network.
+// data. Without this a NaN pixel gives rows of NaN probabilities (and an infinite one NaN
+// or a certain class), with nothing saying which pixel is to blame.
 void check_finite_images(const Tensor& x) {
   const float* p = x.data<float>();
   const std::int64_t n = x.numel();

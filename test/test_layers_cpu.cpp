@@ -626,6 +626,41 @@ TEST_P(LayerCpu, DenseOddShapes) {
   check_dense(3, 5, 17, false, 72);  // more threads' worth of rows than samples
 }
 
+// ReLU passes NaN on, as PyTorch's and TensorFlow's do, and maps -inf to 0: filters whose
+// bias is NaN, +inf and -inf give NaN, inf and 0 at every pixel, on every forward path of
+// Conv2D and Dense. The register tiles used to turn NaN into 0, so that a NaN weight in the
+// first three layers never reached the loss (ModelCpu.ANanWeightInAnyLayerStopsTraining).
+TEST_P(LayerCpu, ReluPassesNanOnEveryForwardPath) {
+  struct Case {
+    std::int64_t h, w, c, filters, k;
+    const char* path;
+  };
+  const Case cases[] = {{28, 28, 1, 32, 3, "direct"},  // the model's first layer: 3x3x1 kernel, 4 pixels at a time
+                        {9, 8, 3, 32, 3, "direct"},    // K = 32
+                        {7, 7, 2, 64, 3, "direct"},    // K = 64
+                        {6, 9, 1, 100, 3, "direct"},   // general K
+                        {13, 13, 32, 64, 3, "implicit GEMM"},  // the model's second layer
+                        {9, 9, 8, 48, 5, "implicit GEMM"},     // 16-filter tiles
+                        {6, 7, 4, 5, 3, "im2col + Eigen"}};    // kkC = 36, K not a multiple of 16
+  for (const Case& cc : cases) {
+    SCOPED_TRACE("Conv2D " + std::to_string(cc.h) + "x" + std::to_string(cc.w) + " C=" + std::to_string(cc.c) +
+                 " K=" + std::to_string(cc.filters) + " k=" + std::to_string(cc.k));
+    mf::Rng rng(80);
+    mf::Conv2D conv(cc.c, cc.filters, cc.k, Activation::kRelu, rng);
+    mf::testing::set_nonfinite_biases(conv.bias().value);
+    const Tensor y = conv.forward(uniform({3, cc.h, cc.w, cc.c}, -1, 1, rng));
+    EXPECT_NE(conv.cpu_config().find(cc.path), std::string::npos) << conv.cpu_config();
+    EXPECT_TRUE(mf::testing::relu_of_nonfinite_biases(y));
+  }
+  for (const std::int64_t units : {64, 10}) {  // register tiles, Eigen
+    SCOPED_TRACE("Dense " + std::to_string(units) + " units");
+    mf::Rng rng(81);
+    mf::Dense dense(1600, units, Activation::kRelu, rng);
+    mf::testing::set_nonfinite_biases(dense.bias().value);
+    EXPECT_TRUE(mf::testing::relu_of_nonfinite_biases(dense.forward(uniform({5, 1600}, -1, 1, rng))));
+  }
+}
+
 // A batch of 0 samples, as PyTorch takes it: an empty output, an empty input gradient and
 // no change to the parameters' gradients, on every CPU path of each layer (the Eigen
 // backward of Dense divided by the batch size to size its threads' work).

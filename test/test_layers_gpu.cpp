@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kernels/gpu_runtime.h"
@@ -336,6 +337,33 @@ TEST(LayerGpu, MaxPoolInferenceLeavesTheTrainingBuffersAloneFp32) {
   pool.set_training(true);
   EXPECT_TRUE(all_close(to_host(pool.forward(xg)), y_ref, Tol{0, 0}));
   EXPECT_TRUE(all_close(to_host(pool.backward(dyg)), dx_ref, Tol{0, 0}));
+}
+
+// ---- ReLU's non-finite cases -----------------------------------------------------------------
+
+// ReLU passes NaN on and maps -inf to 0 on the GPU as on the CPU (LayerCpu.ReluPassesNan...),
+// in FP32 and FP16: filters whose bias is NaN, +inf and -inf (all three exact in f16) give
+// NaN, inf and 0 at every pixel, in both convolutions and the hidden dense layer of the model.
+TEST(LayerGpu, ReluPassesNanAsOnTheCpu) {
+  MF_SKIP_WITHOUT_GPU();
+  ConvOptionsGuard options;
+  for (DType dt : {DType::kF32, DType::kF16}) {
+    SCOPED_TRACE(mf::dtype_name(dt));
+    mf::Rng rng(82);
+    std::vector<std::pair<std::unique_ptr<mf::Layer>, Tensor>> cases;  // layer, its input
+    cases.emplace_back(std::make_unique<mf::Conv2D>(1, 32, 3, Activation::kRelu, rng),
+                       uniform({3, 28, 28, 1}, 0, 1, rng));
+    cases.emplace_back(std::make_unique<mf::Conv2D>(32, 64, 3, Activation::kRelu, rng),
+                       uniform({3, 13, 13, 32}, 0, 1, rng));
+    cases.emplace_back(std::make_unique<mf::Dense>(1600, 64, Activation::kRelu, rng), uniform({3, 1600}, 0, 1, rng));
+    for (auto& [layer, x] : cases) {
+      SCOPED_TRACE(layer->type());
+      mf::testing::set_nonfinite_biases(layer->parameters()[1]->value);  // (kernel, bias)
+      layer->to(Device::kGpu);
+      if (dt == DType::kF16) layer->set_compute_dtype(DType::kF16);
+      EXPECT_TRUE(mf::testing::relu_of_nonfinite_biases(to_host(layer->forward(to_gpu(x, dt)))));
+    }
+  }
 }
 
 // ---- Dense ---------------------------------------------------------------------------------

@@ -613,7 +613,8 @@ TEST(ModelCpuDeathTest, PredictRejectsBatchSizeZero) {
 }
 
 // A NaN or infinite pixel is refused, naming the image and where in it: the network would
-// otherwise give plausible probabilities (ReLU turns NaN into 0). The first one is named.
+// otherwise give NaN probabilities that say nothing of where they came from. The first one
+// is named.
 TEST(ModelCpu, PredictRefusesNonFinitePixels) {
   mf::Rng rng(33);
   Sequential m = Sequential::mnist_cnn(rng);
@@ -1142,6 +1143,32 @@ TEST(ModelCpu, NonFiniteLossStopsTraining) {
     EXPECT_NE(what.find("learning rate"), std::string::npos) << what;
   }
   EXPECT_LE(m.optimizer()->iterations(), 5);
+}
+
+// A NaN weight in any layer makes the first step's loss NaN, and fit stops there. ReLU used
+// to turn NaN into 0 in the register tiles: a NaN in the first three layers' weights left the
+// loss finite, and training went on around a dead filter.
+TEST(ModelCpu, ANanWeightInAnyLayerStopsTraining) {
+  const Dataset train = synthetic(128, 28, 28, 20);
+  int layers_tried = 0;
+  for (std::size_t i = 0; i < 7; ++i) {
+    Sequential m = compiled_cnn(21);
+    const std::vector<mf::Parameter*> params = m.layers()[i]->parameters();
+    if (params.empty()) continue;  // pooling, flatten
+    SCOPED_TRACE(m.layers()[i]->name());
+    ++layers_tried;
+    params[0]->value.data<float>()[5] = std::numeric_limits<float>::quiet_NaN();  // one kernel weight
+    mf::FitOptions o;
+    o.epochs = 1;
+    o.batch_size = 32;
+    try {
+      m.fit(train, nullptr, o);
+      ADD_FAILURE() << "training went on with a NaN weight";
+    } catch (const mf::NonFiniteLossError& e) {
+      EXPECT_NE(std::string(e.what()).find("NaN at epoch 1, step 1:"), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_EQ(layers_tried, 4);
 }
 
 TEST(ModelCpu, FitIsDeterministicWithTwoThreads) {

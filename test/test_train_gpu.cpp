@@ -660,24 +660,33 @@ TEST(TrainGpu, HopelessFp16GradientsStopTraining) {
   }
 }
 
+// A NaN weight in any of the four layers with weights makes the loss NaN (ReLU passes NaN
+// on, as on the CPU) and stops training.
 TEST(TrainGpu, NanLossStopsFp32Training) {
   MF_SKIP_WITHOUT_GPU();
-  mf::Rng rng(47);
-  Sequential m = Sequential::mnist_cnn(rng);
-  auto& last = dynamic_cast<mf::Dense&>(*m.layers().back());
-  last.weight().value.data<float>()[0] = std::numeric_limits<float>::quiet_NaN();
-  m.to(Device::kGpu);
-  m.compile(std::make_unique<mf::Adam>());
-  FitOptions o;
-  o.epochs = 1;
-  try {
-    m.fit(synthetic(256, 11), nullptr, o);
-    FAIL() << "a NaN loss did not stop training";
-  } catch (const mf::NonFiniteLossError& e) {
-    const std::string msg = e.what();
-    EXPECT_NE(msg.find("NaN"), std::string::npos) << msg;
-    EXPECT_NE(msg.find("epoch 1"), std::string::npos) << msg;
+  int layers_tried = 0;
+  for (std::size_t i = 0; i < 7; ++i) {
+    mf::Rng rng(47);
+    Sequential m = Sequential::mnist_cnn(rng);
+    const std::vector<mf::Parameter*> params = m.layers()[i]->parameters();
+    if (params.empty()) continue;  // pooling, flatten
+    SCOPED_TRACE(m.layers()[i]->name());
+    ++layers_tried;
+    params[0]->value.data<float>()[5] = std::numeric_limits<float>::quiet_NaN();  // one kernel weight
+    m.to(Device::kGpu);
+    m.compile(std::make_unique<mf::Adam>());
+    FitOptions o;
+    o.epochs = 1;
+    try {
+      m.fit(synthetic(256, 11), nullptr, o);
+      ADD_FAILURE() << "a NaN loss did not stop training";
+    } catch (const mf::NonFiniteLossError& e) {
+      const std::string msg = e.what();
+      EXPECT_NE(msg.find("NaN"), std::string::npos) << msg;
+      EXPECT_NE(msg.find("epoch 1"), std::string::npos) << msg;
+    }
   }
+  EXPECT_EQ(layers_tried, 4);
 }
 
 }  // namespace

@@ -120,6 +120,8 @@ struct Dims4 {
   std::int64_t n, h, w, c;
 };
 Dims4 dims(const Tensor& x) { return {x.dim(0), x.dim(1), x.dim(2), x.dim(3)}; }
+// max(0, s), except that NaN stays NaN (PyTorch's and TensorFlow's ReLU).
+double relu_ref(double s) { return std::isnan(s) ? s : std::max(0.0, s); }
 }  // namespace
 
 std::vector<double> conv2d_forward_ref(const Tensor& x, const Tensor& w, const Tensor& b, bool relu) {
@@ -136,7 +138,7 @@ std::vector<double> conv2d_forward_ref(const Tensor& x, const Tensor& w, const T
             for (std::int64_t q = 0; q < k; ++q)
               for (std::int64_t c = 0; c < d.c; ++c)
                 s += xv[((n * d.h + i + r) * d.w + j + q) * d.c + c] * wv[((o * k + r) * k + q) * d.c + c];
-          y[((n * oh + i) * ow + j) * K + o] = relu ? std::max(0.0, s) : s;
+          y[((n * oh + i) * ow + j) * K + o] = relu ? relu_ref(s) : s;
         }
   return y;
 }
@@ -244,6 +246,29 @@ Tensor window_gradients(std::int64_t c) {
   return ::testing::AssertionSuccess();
 }
 
+void set_nonfinite_biases(Tensor& bias) {
+  float* b = bias.data<float>();
+  b[0] = std::numeric_limits<float>::quiet_NaN();
+  b[1] = std::numeric_limits<float>::infinity();
+  b[2] = -std::numeric_limits<float>::infinity();
+}
+
+::testing::AssertionResult relu_of_nonfinite_biases(const Tensor& y) {
+  const std::vector<double> v = to_double(y);
+  const std::int64_t channels = y.dim(y.rank() - 1);
+  for (std::size_t i = 0; i < v.size(); ++i) {
+    const std::int64_t ch = static_cast<std::int64_t>(i) % channels;
+    const bool ok = ch == 0   ? std::isnan(v[i])
+                    : ch == 1 ? v[i] == std::numeric_limits<double>::infinity()
+                    : ch == 2 ? v[i] == 0.0
+                              : std::isfinite(v[i]) && v[i] >= 0.0;
+    if (!ok)
+      return ::testing::AssertionFailure() << "element " << i << " (channel " << ch << ") is " << v[i] << "; want "
+                                           << (ch == 0 ? "NaN" : ch == 1 ? "inf" : ch == 2 ? "0" : "finite, >= 0");
+  }
+  return ::testing::AssertionSuccess();
+}
+
 std::vector<double> dense_forward_ref(const Tensor& x, const Tensor& w, const Tensor& b, bool relu) {
   const std::int64_t n = x.dim(0), in = x.dim(1), u = w.dim(1);
   const std::vector<double> xv = to_double(x), wv = to_double(w), bv = to_double(b);
@@ -252,7 +277,7 @@ std::vector<double> dense_forward_ref(const Tensor& x, const Tensor& w, const Te
     for (std::int64_t o = 0; o < u; ++o) {
       double s = bv[o];
       for (std::int64_t f = 0; f < in; ++f) s += xv[i * in + f] * wv[f * u + o];
-      y[i * u + o] = relu ? std::max(0.0, s) : s;
+      y[i * u + o] = relu ? relu_ref(s) : s;
     }
   return y;
 }

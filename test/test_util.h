@@ -138,6 +138,12 @@ Tensor maxpool_nan_windows(std::int64_t c);
 Tensor window_gradients(std::int64_t c);
 // `a` equals `ref` exactly, NaN where `ref` is NaN.
 ::testing::AssertionResult same_or_both_nan(const Tensor& a, const std::vector<double>& ref);
+// ReLU's non-finite cases, for Conv2D and Dense on both devices: sets the biases of filters 0,
+// 1 and 2 (host f32, at least 3 of them) to NaN, +inf and -inf.
+void set_nonfinite_biases(Tensor& bias);
+// A ReLU layer's output (host, channels last) after set_nonfinite_biases: channel 0 is NaN
+// everywhere, channel 1 +inf, channel 2 zero, and every other channel finite and >= 0.
+::testing::AssertionResult relu_of_nonfinite_biases(const Tensor& y);
 // dense: x (N,in), w (in,units), b (units)
 std::vector<double> dense_forward_ref(const Tensor& x, const Tensor& w, const Tensor& b, bool relu);
 struct DenseGrads {
