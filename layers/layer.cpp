@@ -93,6 +93,12 @@ const Tensor& Layer::backward(const Tensor& dy) {
   if (!needs_input_grad_) dx_ = Tensor();
   else if (!output_is_view()) ensure(dx_, x_.shape(), x_.dtype(), x_.device());
   else dx_ = x_;  // marks "wanted"; the view layer replaces it
+  // dx_ is written below while dy is read, so a dy living in it (the tensor the last backward
+  // returned, or a view of it) would be overwritten while it is being read: a wrong gradient
+  // with no error, as for forward's own output above.
+  if (needs_input_grad_ && !output_is_view() && dx_.shares_storage(dy))
+    throw std::invalid_argument(label() + ": the gradient is this layer's own input-gradient buffer, which this "
+                                         "backward would overwrite; pass a copy (clone())");
   // No gradient to pass back (a batch of 0): dx is empty and the parameters' gradients
   // get nothing, as forward() computed nothing.
   if (dy.numel() == 0 && x_.numel() == 0 && !output_is_view()) return dx_;

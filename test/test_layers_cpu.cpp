@@ -1060,6 +1060,41 @@ TEST(LayerChecks, ForwardOfTheLayersOwnOutputIsRefused) {
   }
 }
 
+// The same for backward: a layer's input-gradient buffer is overwritten by its next backward,
+// so a gradient living in it (the tensor the last backward returned, or a view of it, where
+// the shapes allow) was read while being written. Refused, and the refused call changes
+// nothing; a clone() gives the layer's backward of it.
+TEST(LayerChecks, BackwardOfTheLayersOwnInputGradientIsRefused) {
+  mf::Rng rng(107);
+  std::vector<std::unique_ptr<mf::Layer>> layers;
+  layers.push_back(std::make_unique<mf::Dense>(16, 16, Activation::kNone, rng));
+  layers.push_back(std::make_unique<mf::Dense>(10, 10, Activation::kRelu, rng));
+  layers.push_back(std::make_unique<mf::Conv2D>(4, 4, 1, Activation::kNone, rng));
+  layers.push_back(std::make_unique<mf::MaxPool2D>());
+  const std::vector<Shape> in = {{4, 16}, {4, 10}, {2, 5, 5, 4}, {1, 8, 8, 2}};
+  for (std::size_t i = 0; i < layers.size(); ++i) {
+    mf::Layer& l = *layers[i];
+    SCOPED_TRACE(l.type() + " " + in[i].str());
+    const Tensor x = uniform(in[i], -1, 1, rng);
+    const Shape out = l.forward(x).shape();
+    const Tensor dy = uniform(out, -1, 1, rng);
+    // The input gradient seen as a gradient of the output: all of it where the shapes agree,
+    // its first elements (a reshaped view) for MaxPool2D, whose output is smaller.
+    const Tensor& own = l.backward(dy);
+    const Tensor as_dy = own.shape() == out ? own : own.reshape({own.numel()}).slice(0, out.numel()).reshape(out);
+    const std::vector<float> dx1 = own.to_vector();
+    const std::vector<float> want = l.backward(as_dy.clone()).to_vector();
+    ASSERT_EQ(l.backward(dy).to_vector(), dx1);
+    for (mf::Parameter* p : l.parameters()) p->grad.fill_zero();
+    expect_invalid([&] { l.backward(as_dy); },
+                   {l.type() + ": the gradient is this layer's own input-gradient buffer", "clone()"});
+    EXPECT_EQ(own.to_vector(), dx1);  // the refused call wrote nothing
+    for (mf::Parameter* p : l.parameters())
+      for (float g : p->grad.to_vector()) ASSERT_EQ(g, 0.0f) << "the refused call accumulated gradients";
+    EXPECT_EQ(l.backward(as_dy.clone()).to_vector(), want);
+  }
+}
+
 // Flatten's output is a view of its input by design (it writes no buffer of its own), so its
 // own output may come back in.
 TEST(LayerChecks, FlattenMayTakeItsOwnOutput) {
