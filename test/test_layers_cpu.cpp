@@ -11,6 +11,7 @@
 #include <stdexcept>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "layers/conv2d.h"
@@ -1030,24 +1031,29 @@ TEST(LayerChecks, Fp16ComputeOnTheCpuIsRefused) {
   EXPECT_FALSE(dense.weight().half.defined());
 }
 
+// Layers to feed their own buffers, each with an input shape: Dense (linear and ReLU) and a
+// 1x1 Conv2D, whose output has their input's shape, and MaxPool2D, whose output is smaller.
+std::vector<std::pair<std::unique_ptr<mf::Layer>, Shape>> own_buffer_cases(mf::Rng& rng) {
+  std::vector<std::pair<std::unique_ptr<mf::Layer>, Shape>> cases;
+  cases.emplace_back(std::make_unique<mf::Dense>(16, 16, Activation::kNone, rng), Shape{4, 16});
+  cases.emplace_back(std::make_unique<mf::Dense>(10, 10, Activation::kRelu, rng), Shape{4, 10});
+  cases.emplace_back(std::make_unique<mf::Conv2D>(4, 4, 1, Activation::kNone, rng), Shape{2, 5, 5, 4});
+  cases.emplace_back(std::make_unique<mf::MaxPool2D>(), Shape{1, 8, 8, 2});
+  return cases;
+}
+
 // A layer's output buffer is resized and overwritten by its next forward, so feeding a layer
 // the tensor its last forward returned (or a slice of it) read the input while writing it:
 // a wrong result with no error. It is refused for every layer that writes its own output;
 // the answer is still right from a clone().
 TEST(LayerChecks, ForwardOfTheLayersOwnOutputIsRefused) {
   mf::Rng rng(105);
-  std::vector<std::unique_ptr<mf::Layer>> layers;
-  layers.push_back(std::make_unique<mf::Dense>(16, 16, Activation::kNone, rng));
-  layers.push_back(std::make_unique<mf::Dense>(10, 10, Activation::kRelu, rng));
-  layers.push_back(std::make_unique<mf::Conv2D>(4, 4, 1, Activation::kNone, rng));
-  layers.push_back(std::make_unique<mf::MaxPool2D>());
-  const std::vector<Shape> in = {{4, 16}, {4, 10}, {2, 5, 5, 4}, {1, 8, 8, 2}};
-  for (std::size_t i = 0; i < layers.size(); ++i) {
-    mf::Layer& l = *layers[i];
-    SCOPED_TRACE(l.type() + " " + in[i].str());
+  for (auto& [layer, in] : own_buffer_cases(rng)) {
+    mf::Layer& l = *layer;
+    SCOPED_TRACE(l.type() + " " + in.str());
     for (bool training : {false, true}) {
       l.set_training(training);
-      const Tensor x = uniform(in[i], -1, 1, rng);
+      const Tensor x = uniform(in, -1, 1, rng);
       const Tensor y1 = l.forward(x).clone();
       const std::vector<float> want = l.forward(y1).to_vector();  // the layer applied twice
       const Tensor& own = l.forward(x);
@@ -1066,16 +1072,10 @@ TEST(LayerChecks, ForwardOfTheLayersOwnOutputIsRefused) {
 // nothing; a clone() gives the layer's backward of it.
 TEST(LayerChecks, BackwardOfTheLayersOwnInputGradientIsRefused) {
   mf::Rng rng(107);
-  std::vector<std::unique_ptr<mf::Layer>> layers;
-  layers.push_back(std::make_unique<mf::Dense>(16, 16, Activation::kNone, rng));
-  layers.push_back(std::make_unique<mf::Dense>(10, 10, Activation::kRelu, rng));
-  layers.push_back(std::make_unique<mf::Conv2D>(4, 4, 1, Activation::kNone, rng));
-  layers.push_back(std::make_unique<mf::MaxPool2D>());
-  const std::vector<Shape> in = {{4, 16}, {4, 10}, {2, 5, 5, 4}, {1, 8, 8, 2}};
-  for (std::size_t i = 0; i < layers.size(); ++i) {
-    mf::Layer& l = *layers[i];
-    SCOPED_TRACE(l.type() + " " + in[i].str());
-    const Tensor x = uniform(in[i], -1, 1, rng);
+  for (auto& [layer, in] : own_buffer_cases(rng)) {
+    mf::Layer& l = *layer;
+    SCOPED_TRACE(l.type() + " " + in.str());
+    const Tensor x = uniform(in, -1, 1, rng);
     const Shape out = l.forward(x).shape();
     const Tensor dy = uniform(out, -1, 1, rng);
     // The input gradient seen as a gradient of the output: all of it where the shapes agree,
