@@ -379,6 +379,9 @@ TEST(SgdCpu, RejectsBadSettings) {
   EXPECT_THROW(sgd.step(), std::logic_error);
   EXPECT_EQ(sgd.iterations(), 0);
   EXPECT_EQ(sgd.name(), "SGD");
+  // What train_mnist prints on its "Training on ..." line.
+  EXPECT_EQ(sgd.describe(), "SGD(lr=0.1, momentum=0)");
+  EXPECT_EQ(mf::SGD(0.05f, 0.9f).describe(), "SGD(lr=0.05, momentum=0.9)");
 }
 
 // SGD has no mixed precision; it refuses such parameters before packing them, so that a

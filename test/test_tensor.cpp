@@ -757,6 +757,29 @@ TEST(ThreadPool, AnExceptionInAChunkIsRethrownAfterEveryChunkFinished) {
   }
 }
 
+// The same when the chunks run one after the other on the calling thread: a parallel_for
+// from inside a task of the same pool (nested) runs its chunks itself, every one of them,
+// then rethrows the first exception.
+TEST(ThreadPool, AnExceptionInANestedCallsChunkIsRethrownAfterEveryChunkRan) {
+  mf::ThreadPool pool(4);
+  std::vector<std::vector<int>> ran(4);  // per outer chunk: the inner chunks that finished
+  std::vector<std::string> caught(4);
+  pool.parallel_for(4, [&](std::int64_t outer, std::int64_t, int) {
+    try {
+      pool.parallel_for(4, [&](std::int64_t b, std::int64_t, int) {
+        if (b == 1 || b == 2) throw std::runtime_error("inner chunk " + std::to_string(b));
+        ran[static_cast<std::size_t>(outer)].push_back(static_cast<int>(b));
+      });
+    } catch (const std::runtime_error& e) {
+      caught[static_cast<std::size_t>(outer)] = e.what();
+    }
+  });
+  for (int o = 0; o < 4; ++o) {
+    EXPECT_EQ(caught[static_cast<std::size_t>(o)], "inner chunk 1") << "outer chunk " << o;
+    EXPECT_EQ(ran[static_cast<std::size_t>(o)], std::vector<int>({0, 3})) << "outer chunk " << o;
+  }
+}
+
 // Two threads using one pool at once (two models, one per thread), and a task that calls
 // parallel_for on its own pool: every chunk of every call runs once, with the right bounds.
 // The pool used to take the second caller's task in place of the first's: wrong sums, or a
