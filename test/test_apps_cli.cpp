@@ -83,12 +83,11 @@ void write_tiny_mnist(const TempDir& dir) {
   data::write_idx(dir.file("t10k-labels-idx1-ubyte"), {20}, lab, false);
 }
 
-// MNIST files in `dir` whose training images claim 2,000,000 images (1.5 GB): a sparse file,
-// its size right but taking no disk, so reading it has to allocate the 1.5 GB first. Under a
-// 1 GB address-space limit that allocation fails.
-void write_mnist_too_large_for_1gb(const TempDir& dir) {
+// MNIST files in `dir` with n blank training images (label 3), a sparse file: its size is
+// right but it takes no disk. With 2,000,000 images (1.5 GB) reading it has to allocate the
+// 1.5 GB first, which fails under a 1 GB address-space limit.
+void write_blank_mnist(const TempDir& dir, std::uint32_t n) {
   write_tiny_mnist(dir);
-  const std::uint32_t n = 2000000;
   const std::string images = dir.file("train-images-idx3-ubyte");
   {
     std::ofstream f(images, std::ios::binary | std::ios::trunc);
@@ -665,17 +664,88 @@ TEST(TrainMnistCli, ResumeMessagesShowNumbersInFull) {
   expect_one_line_error(args, "saved lr=10.000001 is out of range", kError);
 }
 
+// What a resumed run takes from its checkpoint cannot be changed by a flag, and a checkpoint
+// that cannot continue a run is refused, each in one line, before the data is read.
+TEST(TrainMnistCli, ResumeRefusesFlagsAndCheckpointsItCannotContinueWith) {
+  TempDir dir;
+  auto [model, m] = saved_after_one_epoch();
+  const std::string path = dir.file("run.ckpt");
+  apps::save_checkpoint(path, model, *model.optimizer(), m);
+  const std::string args = "--device cpu --quiet --epochs 2 --data /nonexistent/mnist --resume " + path;
+  expect_one_line_error(args + " --seed 7", "--seed 7 differs from the 0 the run was saved with", kError);
+  expect_one_line_error(args + " --optimizer sgd", "--optimizer sgd differs from the optimizer Adam the run was saved with",
+                        kError);
+  expect_one_line_error(args + " --limit-train 100", "--limit-train 100 differs from the limit 0 the run was saved with",
+                        kError);
+  expect_one_line_error(args + " --fp16",
+                        "the run was saved in fp32; --fp16 cannot be switched on when resuming it", kError);
+  // The same values spelled out are no contradiction: the run gets as far as the data.
+  expect_one_line_error(args + " --seed 0 --optimizer adam --limit-train 0", "/nonexistent/mnist", kError);
+
+  apps::save_checkpoint(path, model, nullptr, m);  // a model to predict with, not a run
+  expect_one_line_error(args, "--resume " + path + ": holds weights only (no optimizer state)", kError);
+  m.fp16 = true;
+  apps::save_checkpoint(path, model, *model.optimizer(), m);
+  expect_one_line_error(args, "the run was saved in mixed precision (fp16), which needs the GPU (--device gpu)", kError);
+}
+
+// --optimizer sgd trains with SGD and momentum, saves it, and resumes it; --min-accuracy
+// makes a run whose test accuracy falls short exit with 3 (after printing and saving it).
+// All images are alike, so every test image gets the same class, and half of the test labels
+// are another class: the accuracy is at most 0.5.
+TEST(TrainMnistCli, SgdRunsResumeAndMissingMinAccuracyExitsWith3) {
+  TempDir dir;
+  write_tiny_mnist(dir);
+  std::vector<std::uint8_t> labels(20, 3);
+  for (std::size_t i = 0; i < labels.size(); i += 2) labels[i] = 5;
+  data::write_idx(dir.file("t10k-labels-idx1-ubyte"), {20}, labels, false);
+  const std::string ckpt = dir.file("sgd.ckpt"), json = dir.file("sgd.json");
+  const std::string args = "--device cpu --quiet --epochs 1 --data " + dir.file("") + " --save " + ckpt;
+  RunResult r = run_program(MF_TRAIN_MNIST_BIN,
+                            args + " --optimizer sgd --lr 0.01 --momentum 0.9 --min-accuracy 0.9 --metrics-json " + json, dir);
+  EXPECT_EQ(r.status, 3) << r.err;
+  EXPECT_EQ(count_lines(r.err), 1) << r.err;
+  EXPECT_EQ(r.err.rfind("train_mnist: error: test accuracy ", 0), 0u) << r.err;
+  EXPECT_NE(r.err.find(" is below --min-accuracy 0.9000"), std::string::npos) << r.err;
+  EXPECT_NE(r.out.find("SGD(lr=0.01, momentum=0.9)"), std::string::npos) << r.out;
+  EXPECT_LE(json_number(read_whole_file(json), "test_accuracy"), 0.5);
+  apps::CheckpointFile f = apps::read_checkpoint(ckpt);
+  EXPECT_EQ(f.contents.meta.optimizer, "SGD");
+  EXPECT_EQ(f.contents.meta.momentum, 0.9);
+  EXPECT_EQ(f.contents.meta.epoch, 1);
+
+  expect_one_line_error(args + " --epochs 2 --resume " + ckpt + " --optimizer adam",
+                        "--optimizer adam differs from the optimizer SGD the run was saved with", kError);
+  r = run_program(MF_TRAIN_MNIST_BIN, "--device cpu --quiet --epochs 2 --data " + dir.file("") + " --resume " + ckpt +
+                                          " --save " + ckpt,
+                  dir);
+  EXPECT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.out.find("SGD(lr=0.01, momentum=0.9)"), std::string::npos) << "the saved settings: " << r.out;
+  EXPECT_EQ(apps::read_checkpoint(ckpt).contents.meta.epoch, 2);
+}
+
 // Running out of host memory names what was being done and what to try, in one line, instead
 // of the C++ library's bare "std::bad_alloc". Here the training images need 1.5 GB of a 1 GB
 // address space.
 TEST(TrainMnistCli, OutOfHostMemoryIsOneLineSayingWhatToTry) {
   if (!kCanLimitAddressSpace) GTEST_SKIP() << "a sanitized build (AddressSanitizer, ThreadSanitizer) cannot run under a 1 GB address-space limit";
   TempDir data, dir;
-  write_mnist_too_large_for_1gb(data);
+  write_blank_mnist(data, 2000000);
   const RunResult r = run_program(MF_TRAIN_MNIST_BIN, "--device cpu --threads 1 --data " + data.file(""), dir, kUlimit1Gb);
   EXPECT_EQ(r.status, kError);
   EXPECT_EQ(r.err, "train_mnist: error: out of host memory while loading the data from " + data.file("") +
                        "; free some memory, or use a machine with more\n");
+  {
+    // Data that fits, a batch whose activations do not: the tensor names itself, and the
+    // hint is the batch size.
+    TempDir small("_small");
+    write_blank_mnist(small, 20000);
+    const RunResult b = run_program(
+        MF_TRAIN_MNIST_BIN, "--device cpu --threads 1 --quiet --batch-size 20000 --data " + small.file(""), dir, kUlimit1Gb);
+    EXPECT_EQ(b.status, kError);
+    EXPECT_EQ(b.err, "train_mnist: error: out of host memory allocating f32 (16000, 26, 26, 32) on cpu (1.29 GiB) "
+                     "while training; try a smaller --batch-size\n");
+  }
 #if MF_WITH_STB && defined(MF_PREDICT_BIN)
   // predict --grid reads the same data.
   Rng rng(1);

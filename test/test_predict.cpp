@@ -572,6 +572,10 @@ TEST(PredictTool, ClassifiesFilesAndReportsEachBadOne) {
   r = run(dir.file("one.png"), dir);
   EXPECT_EQ(r.status, 2);
   EXPECT_NE(r.err.find("--model is required"), std::string::npos) << r.err;
+  r = run("--model " + dir.file("m.ckpt"), dir);  // nothing to do
+  EXPECT_EQ(r.status, 2);
+  EXPECT_EQ(count_lines(r.err), 1) << r.err;
+  EXPECT_NE(r.err.find("give image files to classify, or --grid PATH"), std::string::npos) << r.err;
 }
 
 // --grid naming a folder is refused before the model is loaded or any image classified
