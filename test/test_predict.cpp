@@ -104,8 +104,9 @@ std::string bmp_header(int w, int h, int bpp, int palette, std::uint32_t pixel_b
   return b;
 }
 
-// A BMP of a grey drawing, 8-bit with a grey palette or 24-bit, rows padded to 4 bytes,
-// stored bottom-up (the usual form) or top-down (negative height).
+// A BMP of a grey drawing, 8-bit with a grey palette, 16-bit (5-5-5: each channel the grey's
+// top five bits), 24-bit or 32-bit (opaque), rows padded to 4 bytes, stored bottom-up (the
+// usual form) or top-down (negative height).
 std::string bmp(const Drawing& d, int bpp, bool top_down) {
   const int row = (d.w * bpp / 8 + 3) / 4 * 4;
   const int palette = bpp == 8 ? 256 : 0;
@@ -114,7 +115,12 @@ std::string bmp(const Drawing& d, int bpp, bool top_down) {
   for (int r = 0; r < d.h; ++r) {
     const int y = top_down ? r : d.h - 1 - r;
     std::string line;
-    for (int x = 0; x < d.w; ++x) line.append(bpp / 8, static_cast<char>(d.px[static_cast<std::size_t>(y) * d.w + x]));
+    for (int x = 0; x < d.w; ++x) {
+      const std::uint32_t g = d.px[static_cast<std::size_t>(y) * d.w + x];
+      if (bpp == 16) put_le(line, (g >> 3) * 0x421u, 2);                   // x, 5 red, 5 green, 5 blue bits
+      else if (bpp == 32) put_le(line, g * 0x010101u | 0xff000000u, 4);  // blue, green, red, alpha
+      else line.append(bpp / 8, static_cast<char>(g));
+    }
     line.resize(static_cast<std::size_t>(row), '\0');
     b += line;
   }
@@ -271,11 +277,14 @@ TEST(Images, BadFilesGiveOneClearError) {
 }
 
 // A top-down BMP (negative height in its header, stb_info reports it as is) decodes to the
-// same pixels as the same image stored bottom-up, 8-bit paletted or 24-bit.
+// same pixels as the same image stored bottom-up, 8-bit paletted, 16-, 24- or 32-bit.
 TEST(Images, TopDownBmpDecodesLikeBottomUp) {
   TempDir dir;
   const Drawing d = pattern(27, 20);  // 27 px: rows need padding to 4 bytes
-  for (int bpp : {8, 24})
+  // 16-bit keeps a grey's top five bits; stb widens them back to 8 by repeating the top ones.
+  Drawing d16 = d;
+  for (std::uint8_t& g : d16.px) g = static_cast<std::uint8_t>((g >> 3 << 3) | (g >> 5));
+  for (int bpp : {8, 16, 24, 32})
     for (bool top_down : {false, true}) {
       SCOPED_TRACE(std::to_string(bpp) + (top_down ? "-bit top-down" : "-bit bottom-up"));
       const std::string path = dir.file("p.bmp");
@@ -284,7 +293,7 @@ TEST(Images, TopDownBmpDecodesLikeBottomUp) {
         const apps::GrayImage img = apps::read_gray_image(path);
         EXPECT_EQ(img.width, d.w);
         EXPECT_EQ(img.height, d.h);
-        EXPECT_TRUE(img.pixels == d.px) << "pixels differ (flipped?)";
+        EXPECT_TRUE(img.pixels == (bpp == 16 ? d16 : d).px) << "pixels differ (flipped?)";
       } catch (const apps::ImageError& e) {
         ADD_FAILURE() << e.what();
       }
@@ -296,7 +305,7 @@ TEST(Images, TopDownBmpDecodesLikeBottomUp) {
 TEST(Images, TruncatedBmpIsRefusedFromItsSize) {
   TempDir dir;
   const Drawing d = pattern(27, 20);
-  for (int bpp : {8, 24}) {
+  for (int bpp : {8, 16, 24, 32}) {
     const std::string full = bmp(d, bpp, false);
     const std::size_t pixels = static_cast<std::size_t>((d.w * bpp / 8 + 3) / 4 * 4) * d.h;
     const std::size_t header = full.size() - pixels;
