@@ -280,6 +280,30 @@ TEST(Checkpoint, FilesLargerThanTheLimitAreRefusedUnread) {
                           std::to_string(apps::kMaxCheckpointBytes) + " expected)");
 }
 
+// A pipe or a device says nothing of its size: it is read up to the limit and then refused,
+// never to an end it may not have (/dev/zero here). A head check that passes does not change
+// that; a regular file exactly at the limit is read whole.
+TEST(AtomicFile, AStreamWithoutASizeIsReadUpToTheLimitOnly) {
+  for (const bool with_head_check : {false, true}) {
+    SCOPED_TRACE(with_head_check ? "head check passes" : "no head check");
+    std::size_t head_seen = 0;
+    const apps::HeadCheck check = [&](const std::string& head) { head_seen = head.size(); };
+    try {
+      apps::read_file_bytes("/dev/zero", 100000, with_head_check ? check : nullptr);
+      ADD_FAILURE() << "read /dev/zero to an end";
+    } catch (const std::runtime_error& e) {
+      EXPECT_EQ(std::string(e.what()), "/dev/zero: too large (more than 100000 bytes expected)");
+    }
+    if (with_head_check) {
+      EXPECT_GE(head_seen, apps::kHeadCheckBytes) << "the head check ran, on the first bytes";
+    }
+  }
+  TempDir dir;
+  spit(dir.file("f"), std::string(1000, 'x'));
+  EXPECT_EQ(apps::read_file_bytes(dir.file("f"), 1000).size(), 1000u);
+  EXPECT_THROW(apps::read_file_bytes(dir.file("f"), 999), std::runtime_error);
+}
+
 // History values that training cannot produce (a loss of 1.7e308, inf or below 0, an
 // accuracy outside [0, 1], a negative time) are read as NaN, "not known": the plot leaves
 // them out, the JSON writes null, and the weights load. A negative count of steps or
