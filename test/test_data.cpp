@@ -226,6 +226,13 @@ TEST_F(IdxRoundTrip, ConcatenatedGzipMembersAndZeroPadding) {
   EXPECT_EQ(mf::data::read_idx(p).values, values);
   const std::string q = put("padded.gz", concat(gzip(concat(header, values)), Bytes(100, 0)));
   EXPECT_EQ(mf::data::read_idx(q).values, values);
+  // Padding longer than the reader's 64 KiB chunks of compressed input: skipped across
+  // several reads.
+  const std::string t = put("long_tail.gz", concat(gzip(concat(header, values)), Bytes(200000, 0)));
+  EXPECT_EQ(mf::data::read_idx(t).values, values);
+  const std::string u = put("long_tail_then_junk.gz", concat(concat(gzip(concat(header, values)), Bytes(200000, 0)),
+                                                              Bytes{'j', 'u', 'n', 'k'}));
+  EXPECT_TRUE(throws_data_error([&] { mf::data::read_idx(u); }, u, {"trailing garbage after the end of the gzip stream"}));
 }
 
 TEST(IdxParse, FromMemoryRawAndGzip) {
