@@ -621,23 +621,20 @@ TEST_P(LayerCpu, DenseModelShapes) {
     check_dense(n, 64, 10, false, 60 + n);
   }
 }
-// Dense runs on the register tiles when its units are a multiple of 16, with tiles of 64, 32
-// or 16 units (the widest that divides them), and on Eigen otherwise: each at least once,
-// forward and backward, with and without ReLU. The 32-unit tiles had no test.
+// Dense runs on the register tiles when its units are a multiple of 16 (its backward when
+// its inputs are too), with tiles of 64, 32 or 16 units (the widest that divides them), and
+// on Eigen otherwise: each at least once, forward and backward, with and without ReLU, and
+// the tiled forward with the Eigen backward (37 inputs). The 32-unit tiles had no test.
 TEST_P(LayerCpu, DenseEveryCpuPath) {
-  struct Case {
-    std::int64_t units;
-    const char* path;
-  };
-  for (const Case c : {Case{64, "register tiles"}, Case{128, "register tiles"}, Case{32, "register tiles"},
-                       Case{96, "register tiles"}, Case{16, "register tiles"}, Case{48, "register tiles"},
-                       Case{10, "Eigen"}, Case{24, "Eigen"}}) {
-    check_dense(5, 37, c.units, true, 90 + c.units);
-    check_dense(3, 20, c.units, false, 91 + c.units);
+  for (const std::int64_t units : {64, 128, 32, 96, 16, 48, 10, 24}) {
+    const std::string path = units % 16 == 0 ? "register tiles" : "Eigen GEMM";
+    check_dense(5, 48, units, true, 90 + units);
+    check_dense(3, 37, units, false, 91 + units);
     mf::Rng rng(92);
-    mf::Dense dense(20, c.units, Activation::kRelu, rng);
-    dense.forward(uniform({2, 20}, -1, 1, rng));
-    EXPECT_NE(dense.cpu_config().find(c.path), std::string::npos) << c.units << " units: " << dense.cpu_config();
+    mf::Dense dense(48, units, Activation::kRelu, rng);
+    const Tensor& y = dense.forward(uniform({2, 48}, -1, 1, rng));
+    dense.backward(uniform(y.shape(), -1, 1, rng));
+    EXPECT_EQ(dense.cpu_config(), "fwd " + path + "; bwd " + path) << units << " units";
   }
 }
 TEST_P(LayerCpu, DenseOddShapes) {
