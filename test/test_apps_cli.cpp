@@ -1157,7 +1157,7 @@ TEST(Scripts, HelpPrintsTheUsageAndUnknownArgumentsAreRefused) {
       {"fetch_mnist.sh", "--help-me"}, {"bench.sh", "--no-such-option"},
       {"fuzz.sh", "--help-me"},        {"fuzz.sh", "abc"},
       {"skipped_tests.sh", "--x"},     {"device_check.sh", "--no-such-option"},
-      {"device_prepare.sh", "--no-such-option"}};
+      {"device_prepare.sh", "--no-such-option"}, {"coverage.sh", "--no-such-option"}};
   for (const auto& [name, bad] : cases) {
     SCOPED_TRACE(std::string(name) + " " + bad);
     const std::string script = dir + "/" + name;
