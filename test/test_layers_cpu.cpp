@@ -621,13 +621,14 @@ TEST_P(LayerCpu, DenseModelShapes) {
     check_dense(n, 64, 10, false, 60 + n);
   }
 }
-// Dense runs on the register tiles when its units are a multiple of 16 (its backward when
-// its inputs are too), with tiles of 64, 32 or 16 units (the widest that divides them), and
-// on Eigen otherwise: each at least once, forward and backward, with and without ReLU, and
-// the tiled forward with the Eigen backward (37 inputs). The 32-unit tiles had no test.
+// Dense runs on the register tiles when its units are a multiple of the vector width (16
+// floats with AVX-512, 8 without; its backward when its inputs are too), with tiles of up to
+// 4 vectors (2 without AVX-512), the widest that divides the units, and on Eigen otherwise:
+// each at least once, forward and backward, with and without ReLU, and the tiled forward
+// with the Eigen backward (37 inputs). The 32-unit tiles of AVX-512 had no test.
 TEST_P(LayerCpu, DenseEveryCpuPath) {
-  for (const std::int64_t units : {64, 128, 32, 96, 16, 48, 10, 24}) {
-    const std::string path = units % 16 == 0 ? "register tiles" : "Eigen GEMM";
+  for (const std::int64_t units : {64, 128, 32, 96, 16, 48, 40, 10, 25}) {
+    const std::string path = units % mf::cpu::kLanes == 0 ? "register tiles" : "Eigen GEMM";
     check_dense(5, 48, units, true, 90 + units);
     check_dense(3, 37, units, false, 91 + units);
     mf::Rng rng(92);
