@@ -95,8 +95,9 @@ const Tensor& Layer::backward(const Tensor& dy) {
   else dx_ = x_;  // marks "wanted"; the view layer replaces it
   // dx_ is written below while dy is read, so a dy living in it (the tensor the last backward
   // returned, or a view of it) would be overwritten while it is being read: a wrong gradient
-  // with no error, as for forward's own output above.
-  if (needs_input_grad_ && !output_is_view() && dx_.shares_storage(dy))
+  // with no error, as for forward's own output above. (No dx_ wanted: it is undefined and
+  // shares nothing.)
+  if (!output_is_view() && dx_.shares_storage(dy))
     throw std::invalid_argument(label() + ": the gradient is this layer's own input-gradient buffer, which this "
                                          "backward would overwrite; pass a copy (clone())");
   // No gradient to pass back (a batch of 0): dx is empty and the parameters' gradients
