@@ -319,8 +319,16 @@ static int run_main(int argc, char** argv) {
       throw std::invalid_argument(mnist.dir + ": the images are " + std::to_string(mnist.train.rows) + "x" +
                                   std::to_string(mnist.train.cols) + "; this model takes at most " +
                                   std::to_string(kMaxSide) + "x" + std::to_string(kMaxSide) + " (MNIST's are 28x28)");
+    // Images with channels (a 4-D IDX file: colour, or several planes per digit) widen the
+    // first convolution only: 32 x 3 x 3 weights per channel.
+    constexpr std::int64_t kMaxChannels = 64;
+    if (mnist.train.channels > kMaxChannels)
+      throw std::invalid_argument(mnist.dir + ": the images have " + std::to_string(mnist.train.channels) +
+                                  " channels; this model takes at most " + std::to_string(kMaxChannels) +
+                                  " (MNIST's have one)");
     Rng rng(static_cast<std::uint64_t>(o.seed));
-    Sequential model = Sequential::mnist_cnn(rng, mnist.train.rows, mnist.train.cols, 1, mnist.train.num_classes);
+    Sequential model = Sequential::mnist_cnn(rng, mnist.train.rows, mnist.train.cols, mnist.train.channels,
+                                             mnist.train.num_classes);
     std::fputs(model.summary().c_str(), stdout);
     model.to(device);
     if (o.fp16) model.set_compute_dtype(DType::kF16);

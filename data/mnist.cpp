@@ -18,6 +18,8 @@ std::string join_dims(const std::vector<std::int64_t>& dims) {
   return s;
 }
 
+std::string channels_str(std::int64_t c) { return c == 1 ? "one channel" : std::to_string(c) + " channels"; }
+
 // What a path that exists but is not a regular file is, for the error message.
 const char* non_file_kind(mode_t mode) {
   if (S_ISDIR(mode)) return "a folder";
@@ -27,16 +29,18 @@ const char* non_file_kind(mode_t mode) {
   return "not a regular file";
 }
 
-// The first regular file among the usual names for `stem` ("train-images" + "idx3-ubyte").
-// Raw names come before .gz so an unpacked copy next to the archive is preferred (no inflate).
+// The first regular file among the usual names for `stem` and each of `kinds` ("train-images"
+// + "idx3-ubyte", then "idx4-ubyte"). Raw names come before .gz so an unpacked copy next to the archive is preferred (no inflate).
 // A name that exists but is no file (a folder, a FIFO), or that cannot be looked at (no
 // permission on the folder, a symlink loop), is skipped too; when no name gives a file, the
 // error names the first such problem rather than "cannot find", which would send the user
 // looking for a file that is there.
-std::string find_file(const std::filesystem::path& dir, const std::string& stem, const std::string& kind,
-                      const std::string& what) {
-  const std::string names[] = {stem + "-" + kind, stem + "." + kind, stem + "-" + kind + ".gz",
-                               stem + "." + kind + ".gz"};
+std::string find_file(const std::filesystem::path& dir, const std::string& stem,
+                      const std::vector<std::string>& kinds, const std::string& what) {
+  std::vector<std::string> names;
+  for (const std::string& kind : kinds)
+    for (const char* ext : {"", ".gz"})
+      for (const char sep : {'-', '.'}) names.push_back(stem + sep + kind + ext);
   std::string looked, problem_path, problem;
   for (const std::string& name : names) {
     const std::string p = (dir / name).string();
@@ -67,17 +71,19 @@ std::string find_file(const std::filesystem::path& dir, const std::string& stem,
 }  // namespace
 
 void check_dataset(const Dataset& d, const char* caller) {
-  // count * rows * cols in 64 bits, checked: a hand-made count of 10^17 would otherwise
-  // wrap around and could match the bytes that are there.
-  std::int64_t pixels = 0;
-  const bool sizes_ok = d.count >= 0 && d.rows >= 0 && d.cols >= 0 &&
-                        !__builtin_mul_overflow(d.count, d.rows, &pixels) &&
-                        !__builtin_mul_overflow(pixels, d.cols, &pixels);
+  // count * rows * cols * channels in 64 bits, checked: a hand-made count of 10^17 would
+  // otherwise wrap around and could match the bytes that are there.
+  std::int64_t bytes = 0;
+  const bool sizes_ok = d.count >= 0 && d.rows >= 0 && d.cols >= 0 && d.channels >= 1 &&
+                        !__builtin_mul_overflow(d.count, d.rows, &bytes) &&
+                        !__builtin_mul_overflow(bytes, d.cols, &bytes) &&
+                        !__builtin_mul_overflow(bytes, d.channels, &bytes);
   const bool ok = sizes_ok && d.labels.size() == static_cast<std::size_t>(d.count) &&
-                  d.images.size() == static_cast<std::size_t>(pixels);
+                  d.images.size() == static_cast<std::size_t>(bytes);
   if (!ok) {
     throw std::invalid_argument(std::string(caller) + ": inconsistent Dataset: count " + std::to_string(d.count) +
-                                ", " + std::to_string(d.rows) + "x" + std::to_string(d.cols) + ", " +
+                                ", " + std::to_string(d.rows) + "x" + std::to_string(d.cols) + "x" +
+                                std::to_string(d.channels) + " (rows x cols x channels), " +
                                 std::to_string(d.images.size()) + " image bytes, " +
                                 std::to_string(d.labels.size()) + " labels");
   }
@@ -89,9 +95,10 @@ Dataset load_idx_pair(const std::string& images_path, const std::string& labels_
                                 std::to_string(num_classes));
   }
   IdxArray images = read_idx(images_path);
-  if (images.dims.size() != 3) {
-    throw DataError(images_path, "expected images with 3 dimensions (count x rows x cols), got " +
-                                     std::to_string(images.dims.size()) + " (" + join_dims(images.dims) + ")");
+  if (images.dims.size() != 3 && images.dims.size() != 4) {
+    throw DataError(images_path,
+                    "expected images with 3 dimensions (count x rows x cols) or 4 (count x rows x cols x channels), "
+                    "got " + std::to_string(images.dims.size()) + " (" + join_dims(images.dims) + ")");
   }
   IdxArray labels = read_idx(labels_path);
   if (labels.dims.size() != 1) {
@@ -113,6 +120,7 @@ Dataset load_idx_pair(const std::string& images_path, const std::string& labels_
   d.count = images.dims[0];
   d.rows = images.dims[1];
   d.cols = images.dims[2];
+  d.channels = images.dims.size() == 4 ? images.dims[3] : 1;
   d.num_classes = num_classes;
   d.images = std::move(images.values);
   d.labels = std::move(labels.values);
@@ -131,10 +139,10 @@ MnistFiles find_mnist_files(const std::string& dir) {
   if (!S_ISDIR(st.st_mode)) throw DataError(dir, "not a folder");
   const std::filesystem::path p(dir);
   MnistFiles f;
-  f.train_images = find_file(p, "train-images", "idx3-ubyte", "training images");
-  f.train_labels = find_file(p, "train-labels", "idx1-ubyte", "training labels");
-  f.test_images = find_file(p, "t10k-images", "idx3-ubyte", "test images");
-  f.test_labels = find_file(p, "t10k-labels", "idx1-ubyte", "test labels");
+  f.train_images = find_file(p, "train-images", {"idx3-ubyte", "idx4-ubyte"}, "training images");
+  f.train_labels = find_file(p, "train-labels", {"idx1-ubyte"}, "training labels");
+  f.test_images = find_file(p, "t10k-images", {"idx3-ubyte", "idx4-ubyte"}, "test images");
+  f.test_labels = find_file(p, "t10k-labels", {"idx1-ubyte"}, "test labels");
   return f;
 }
 
@@ -150,6 +158,11 @@ Mnist load_mnist(const std::string& dir) {
                                              m.files.train_images + " are " + std::to_string(m.train.rows) + "x" +
                                              std::to_string(m.train.cols));
   }
+  if (m.train.channels != m.test.channels) {
+    throw DataError(m.files.test_images, "images have " + channels_str(m.test.channels) +
+                                             " but the training images in " + m.files.train_images + " have " +
+                                             channels_str(m.train.channels));
+  }
   return m;
 }
 
@@ -163,6 +176,7 @@ Dataset subset(const Dataset& d, std::int64_t begin, std::int64_t end) {
   s.count = end - begin;
   s.rows = d.rows;
   s.cols = d.cols;
+  s.channels = d.channels;
   s.num_classes = d.num_classes;
   const std::int64_t n = d.sample_size();
   s.images.assign(d.images.begin() + begin * n, d.images.begin() + end * n);

@@ -8,17 +8,20 @@
 
 namespace mf::data {
 
-// `count` images of rows x cols unsigned bytes, row-major, image after image, and their labels.
+// `count` images of rows x cols pixels of `channels` unsigned bytes each, and their labels.
+// An image is row-major with its channels interleaved (pixel after pixel, each pixel's
+// channels together: HWC, as a 4-D IDX file stores it and as the model's NHWC batches are
+// laid out), image after image. MNIST's are 28x28 with one channel.
 struct Dataset {
-  std::vector<std::uint8_t> images;  // count * rows * cols bytes
+  std::vector<std::uint8_t> images;  // count * rows * cols * channels bytes
   std::vector<std::uint8_t> labels;  // count values, each < num_classes
-  std::int64_t count = 0, rows = 0, cols = 0;
+  std::int64_t count = 0, rows = 0, cols = 0, channels = 1;
   int num_classes = 10;
-  std::int64_t sample_size() const { return rows * cols; }
+  std::int64_t sample_size() const { return rows * cols * channels; }
 };
 
-// Loads an images file (3-D IDX: count x rows x cols) and a labels file (1-D IDX: count),
-// raw or gzip. Throws DataError if the shapes are wrong, the counts differ (naming both files
+// Loads an images file (3-D IDX: count x rows x cols, one channel; or 4-D: count x rows x
+// cols x channels, at least one) and a labels file (1-D IDX: count), raw or gzip. Throws DataError if the shapes are wrong, the counts differ (naming both files
 // and counts) or a label is >= num_classes (naming the file, the index and the value), and
 // std::invalid_argument unless 1 <= num_classes <= 256.
 Dataset load_idx_pair(const std::string& images_path, const std::string& labels_path,
@@ -45,11 +48,12 @@ MnistFiles find_mnist_files(const std::string& dir);
 // Loads the four standard files from `dir`. Each may be named in either usual way, optionally
 // gzipped, e.g. train-images-idx3-ubyte, train-images-idx3-ubyte.gz, train-images.idx3-ubyte or
 // train-images.idx3-ubyte.gz (likewise train-labels-idx1-ubyte, t10k-images-idx3-ubyte,
-// t10k-labels-idx1-ubyte). Works for Fashion-MNIST, which uses the same names. Throws
-// DataError "<dir>: data folder not found", or naming the folder and the names it looked for
-// when a file is missing, or naming the path when a name is there but is no file (a folder,
-// a FIFO) or cannot be looked at (with the system's reason, e.g. "Permission denied"), or if
-// train and test images differ in size.
+// t10k-labels-idx1-ubyte); image files with channels (4-D) may say idx4 instead of idx3.
+// Works for Fashion-MNIST, which uses the same names. Throws DataError "<dir>: data folder
+// not found", or naming the folder and the names it looked for when a file is missing, or
+// naming the path when a name is there but is no file (a folder, a FIFO) or cannot be looked
+// at (with the system's reason, e.g. "Permission denied"), or if train and test images differ
+// in size or channels.
 Mnist load_mnist(const std::string& dir);
 
 // Keras `validation_split`: split_at = int(count * (1 - fraction)); train is samples
@@ -64,7 +68,8 @@ Split split_validation(const Dataset& d, double fraction);
 Dataset subset(const Dataset& d, std::int64_t begin, std::int64_t end);
 
 // Throws std::invalid_argument naming `caller` unless images and labels have the sizes that
-// count, rows and cols say (guards hand-built Datasets before they are indexed).
+// count, rows, cols and channels say, and channels >= 1 (guards hand-built Datasets before
+// they are indexed).
 void check_dataset(const Dataset& d, const char* caller);
 
 }  // namespace mf::data

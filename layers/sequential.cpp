@@ -34,13 +34,14 @@ namespace mf {
 
 namespace {
 // Throws std::invalid_argument "<what> images are 7x9 with one channel, (7, 9, 1); the model
-// takes (7, 9)" unless d's images, one channel each, have the model's input shape. Their
-// shape is spelled out: "images are 7x9, the model takes (7, 9)" read as a match.
+// takes (7, 9)" (or "with 3 channels, (7, 9, 3)") unless d's images have the model's input
+// shape. Their shape is spelled out: "images are 7x9, the model takes (7, 9)" read as a match.
 void check_image_shape(const data::Dataset& d, const Shape& input_shape, const std::string& what) {
-  const Shape images{d.rows, d.cols, 1};
+  const Shape images{d.rows, d.cols, d.channels};
   if (images == input_shape) return;
+  const std::string channels = d.channels == 1 ? "one channel" : std::to_string(d.channels) + " channels";
   throw std::invalid_argument(what + " images are " + std::to_string(d.rows) + "x" + std::to_string(d.cols) +
-                              " with one channel, " + images.str() + "; the model takes " + input_shape.str());
+                              " with " + channels + ", " + images.str() + "; the model takes " + input_shape.str());
 }
 }  // namespace
 

@@ -90,11 +90,11 @@ class PinnedBuffer {
 struct DataKey {
   const void* images = nullptr;
   const void* labels = nullptr;
-  std::int64_t count = -1, rows = 0, cols = 0;
+  std::int64_t count = -1, rows = 0, cols = 0, channels = 0;
   std::uint64_t hash = 0;
   bool operator==(const DataKey& o) const {
     return images == o.images && labels == o.labels && count == o.count && rows == o.rows && cols == o.cols &&
-           hash == o.hash;
+           channels == o.channels && hash == o.hash;
   }
 };
 
@@ -102,7 +102,7 @@ DataKey data_key(const data::Dataset& d) {
   DataKey k;
   k.images = d.images.data();
   k.labels = d.labels.data();
-  k.count = d.count, k.rows = d.rows, k.cols = d.cols;
+  k.count = d.count, k.rows = d.rows, k.cols = d.cols, k.channels = d.channels;
   std::uint64_t h = 1469598103934665603ull;
   const auto mix = [&h](std::uint8_t b) { h = (h ^ b) * 1099511628211ull; };
   for (const std::uint8_t l : d.labels) mix(l);
@@ -189,7 +189,7 @@ class GpuTrainer {
       dd = !for_eval ? &train_data : fit_data == &eval_data ? &train_data : &eval_data;
       dd->key = DataKey{};  // not valid until the copy is done
       dd->identity = Tensor();
-      ensure(dd->images, Shape{d.count, d.rows * d.cols}, DType::kU8, Device::kGpu);
+      ensure(dd->images, Shape{d.count, d.sample_size()}, DType::kU8, Device::kGpu);
       ensure(dd->labels, Shape{d.count}, DType::kU8, Device::kGpu);
       gpu_copy_async(dd->images.raw(), d.images.data(), d.images.size(), CopyKind::kHostToDevice, s);
       gpu_copy_async(dd->labels.raw(), d.labels.data(), d.labels.size(), CopyKind::kHostToDevice, s);
@@ -257,9 +257,9 @@ void begin_fit(GpuTrainer& t, const FitOptions& o, DType dtype, const data::Data
   t.use_graph = o.use_graph;
   t.half = dtype == DType::kF16;
   t.batch = std::min(o.batch_size, train.count);
-  t.sample = train.rows * train.cols;
+  t.sample = train.sample_size();
   t.fitted = true;
-  ensure(t.x, Shape{t.batch, train.rows, train.cols, 1}, dtype, Device::kGpu);
+  ensure(t.x, Shape{t.batch, train.rows, train.cols, train.channels}, dtype, Device::kGpu);
   ensure(t.labels, Shape{t.batch}, DType::kI32, Device::kGpu);
   ensure(t.stats, Shape{kNumStats}, DType::kF32, Device::kGpu);
   ensure(t.cursor, Shape{2}, DType::kI32, Device::kGpu);  // 8 bytes: one int64
@@ -675,9 +675,9 @@ EvalResult Sequential::evaluate_gpu(const data::Dataset& d, std::int64_t batch_s
   GpuTrainer& t = trainer_of(gpu_);
   const bool half = compute_dtype_ == DType::kF16;
   const std::int64_t bs = gpu_inference_batch(std::min(batch_size, d.count));  // d.count >= 1 here
-  const std::int64_t sample = d.rows * d.cols;
+  const std::int64_t sample = d.sample_size();
   DeviceData& dd = t.device_data(d, true, s);
-  ensure(t.eval_x, Shape{bs, d.rows, d.cols, 1}, compute_dtype_, Device::kGpu);
+  ensure(t.eval_x, Shape{bs, d.rows, d.cols, d.channels}, compute_dtype_, Device::kGpu);
   ensure(t.eval_labels, Shape{bs}, DType::kI32, Device::kGpu);
   ensure(t.eval_stats, Shape{kNumStats}, DType::kF32, Device::kGpu);
   ensure(t.eval_cursor, Shape{2}, DType::kI32, Device::kGpu);

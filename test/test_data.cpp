@@ -481,8 +481,36 @@ TEST_F(IdxPair, WrongRanks) {
   mf::data::write_idx(lb, {4}, Bytes(4, 0), false);
   mf::data::write_idx(lb2, {4, 1}, Bytes(4, 0), false);
   mf::data::write_idx(im, {4, 2, 2}, Bytes(16, 0), false);
-  EXPECT_TRUE(throws_data_error([&] { mf::data::load_idx_pair(im2, lb); }, im2, {"3 dimensions", "got 2 (4 x 4)"}));
+  EXPECT_TRUE(throws_data_error([&] { mf::data::load_idx_pair(im2, lb); }, im2,
+                                {"3 dimensions (count x rows x cols) or 4 (count x rows x cols x channels)",
+                                 "got 2 (4 x 4)"}));
   EXPECT_TRUE(throws_data_error([&] { mf::data::load_idx_pair(im, lb2); }, lb2, {"1 dimension", "got 2 (4 x 1)"}));
+  const std::string im1 = path("im1");
+  mf::data::write_idx(im1, {16}, Bytes(16, 0), false);
+  EXPECT_TRUE(throws_data_error([&] { mf::data::load_idx_pair(im1, lb); }, im1, {"got 1 (16)"}));
+}
+
+// A 4-D images file is count x rows x cols x channels, each pixel's channels together (HWC),
+// and is kept as it is: the batches the model takes are laid out the same way.
+TEST_F(IdxPair, FourDimensionsAreImagesWithChannels) {
+  const std::string im = path("im"), lb = path("lb");
+  mf::data::write_idx(im, {5, 3, 4, 3}, synthetic_images(5, 3, 12), false);
+  mf::data::write_idx(lb, {5}, synthetic_labels(5), false);
+  const Dataset d = mf::data::load_idx_pair(im, lb);
+  EXPECT_EQ(d.count, 5);
+  EXPECT_EQ(d.rows, 3);
+  EXPECT_EQ(d.cols, 4);
+  EXPECT_EQ(d.channels, 3);
+  EXPECT_EQ(d.sample_size(), 36);
+  EXPECT_EQ(d.images, synthetic_images(5, 3, 12));
+  // One channel spelled as a fourth dimension is the same as three dimensions.
+  mf::data::write_idx(im, {5, 3, 4, 1}, synthetic_images(5, 3, 4), false);
+  const Dataset one = mf::data::load_idx_pair(im, lb);
+  EXPECT_EQ(one.channels, 1);
+  EXPECT_EQ(one.sample_size(), 12);
+  // No channels: refused by the reader, as any dimension of 0 is.
+  const std::string none = put("none", idx_header(0x08, {5, 3, 4, 0}));
+  EXPECT_TRUE(throws_data_error([&] { mf::data::load_idx_pair(none, lb); }, none, {"dimension 4 of 4 is 0"}));
 }
 
 // ---- MNIST folders -----------------------------------------------------------------------------
@@ -609,6 +637,48 @@ TEST_F(MnistFolder, FolderWithoutPermissionGivesTheSystemsReason) {
   fs::permissions(dir_, fs::perms::owner_all);  // so that TearDown can remove it
   EXPECT_TRUE(files);
   EXPECT_TRUE(folder);
+}
+
+// Images with channels in files named idx4-ubyte (raw or gzip, either spelling), or in files
+// still named idx3-ubyte: the file's header says what it holds, not its name.
+TEST_F(MnistFolder, ImagesWithChannels) {
+  for (const bool idx4_name : {true, false}) {
+    for (const bool gz : {false, true}) {
+      SCOPED_TRACE(std::string(idx4_name ? "idx4" : "idx3") + (gz ? ".gz" : ""));
+      std::error_code ec;
+      for (const auto& e : fs::directory_iterator(dir_)) fs::remove(e.path(), ec);
+      const std::string kind = idx4_name ? "idx4-ubyte" : "idx3-ubyte", ext = gz ? ".gz" : "";
+      mf::data::write_idx(path("train-images-" + kind + ext), {50, 28, 28, 3}, synthetic_images(50, 28, 84), gz);
+      mf::data::write_idx(path("train-labels-idx1-ubyte"), {50}, synthetic_labels(50), false);
+      mf::data::write_idx(path("t10k-images." + kind + ext), {20, 28, 28, 3}, synthetic_images(20, 28, 84), gz);
+      mf::data::write_idx(path("t10k-labels.idx1-ubyte"), {20}, synthetic_labels(20), false);
+      const mf::data::Mnist m = mf::data::load_mnist(dir_);
+      EXPECT_EQ(m.files.train_images, path("train-images-" + kind + ext));
+      EXPECT_EQ(m.train.channels, 3);
+      EXPECT_EQ(m.test.channels, 3);
+      EXPECT_EQ(m.train.images, synthetic_images(50, 28, 84));
+      EXPECT_EQ(m.test.images, synthetic_images(20, 28, 84));
+      // The split and subsets keep the channels.
+      const mf::data::Split split = mf::data::split_validation(m.train, 0.2);
+      EXPECT_EQ(split.train.channels, 3);
+      EXPECT_EQ(split.validation.channels, 3);
+      EXPECT_EQ(split.validation.images, Bytes(m.train.images.begin() + 40 * 28 * 84, m.train.images.end()));
+    }
+  }
+  // A missing images file lists the idx4 names too.
+  fs::remove(path("t10k-images.idx3-ubyte.gz"));
+  EXPECT_TRUE(throws_data_error([&] { mf::data::load_mnist(dir_); }, dir_,
+                                {"test images", "t10k-images.idx3-ubyte.gz, t10k-images-idx4-ubyte, "
+                                                "t10k-images.idx4-ubyte, t10k-images-idx4-ubyte.gz, "
+                                                "t10k-images.idx4-ubyte.gz"}));
+}
+
+TEST_F(MnistFolder, TrainAndTestChannelsMustAgree) {
+  write_mnist("-", false);
+  mf::data::write_idx(path("t10k-images-idx3-ubyte"), {20, 28, 28, 3}, synthetic_images(20, 28, 84), false);
+  EXPECT_TRUE(throws_data_error([&] { mf::data::load_mnist(dir_); }, path("t10k-images-idx3-ubyte"),
+                                {"images have 3 channels but the training images in",
+                                 "train-images-idx3-ubyte have one channel"}));
 }
 
 TEST_F(MnistFolder, TrainAndTestSizesMustAgree) {
@@ -793,6 +863,24 @@ TEST(DatasetChecks, SizesWhoseProductOverflowsAreInconsistent) {
   EXPECT_THROW(mf::data::check_dataset(d, "test"), std::invalid_argument);
   d.rows = d.cols = 0;
   EXPECT_NO_THROW(mf::data::check_dataset(d, "test")) << "one 0x0 image, 0 bytes: consistent";
+  // The channels count in the product too, and an image has at least one.
+  d.rows = d.cols = std::int64_t{1} << 31;
+  d.channels = std::int64_t{1} << 2;  // 2^64 bytes: wraps to 0 without the check
+  EXPECT_THROW(mf::data::check_dataset(d, "test"), std::invalid_argument);
+  d.rows = d.cols = 1;
+  d.images = {7, 8, 9};
+  d.channels = 3;
+  EXPECT_NO_THROW(mf::data::check_dataset(d, "test"));
+  d.channels = 1;
+  try {
+    mf::data::check_dataset(d, "test");
+    ADD_FAILURE() << "3 bytes for one 1x1 image of one channel passed";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_STREQ(e.what(), "test: inconsistent Dataset: count 1, 1x1x1 (rows x cols x channels), 3 image bytes, 1 labels");
+  }
+  d.images.clear();
+  d.channels = 0;
+  EXPECT_THROW(mf::data::check_dataset(d, "test"), std::invalid_argument) << "0 channels";
 }
 
 TEST(Batching, NumBatchesKeepsThePartialBatch) {
@@ -829,6 +917,26 @@ TEST(Batching, GatherScalesPixels) {
   EXPECT_EQ(x[255], 1.0f);
   EXPECT_NEAR(x[51], 0.2f, 1e-7f);
   for (int p = 0; p < 256; ++p) EXPECT_EQ(x[p], static_cast<float>(p) / 255.0f) << p;  // bit-exact
+}
+
+// With channels, a sample is rows x cols x channels bytes, copied in the order they are
+// stored (HWC): image i's pixel (r, c), channel k is at ((r * cols) + c) * channels + k.
+TEST(Batching, GatherTakesEveryChannel) {
+  Dataset d;
+  d.count = 3;
+  d.rows = 2;
+  d.cols = 5;
+  d.channels = 3;
+  for (int i = 0; i < 3; ++i)
+    for (int k = 0; k < 30; ++k) d.images.push_back(static_cast<std::uint8_t>(i * 30 + k));
+  d.labels = {0, 1, 2};
+  const std::vector<std::int32_t> idx = {2, 0};
+  std::vector<float> x(60, -1.0f);
+  mf::data::gather_batch(d, idx.data(), 2, x.data(), nullptr);
+  for (int k = 0; k < 30; ++k) {
+    EXPECT_EQ(x[k], static_cast<float>(60 + k) / 255.0f) << k;
+    EXPECT_EQ(x[30 + k], static_cast<float>(k) / 255.0f) << k;
+  }
 }
 
 TEST(Batching, GatherFollowsIndexOrder) {

@@ -31,6 +31,7 @@
 #include "optim/sgd.h"
 #include "tensor/parallel.h"
 #include "tensor/rng.h"
+#include "test/channel_util.h"
 #include "test/test_util.h"
 
 namespace {
@@ -324,6 +325,67 @@ TEST(ModelCpu, ImagesOfAnotherShapeSpellOutTheirs) {
             "fit: validation images are 9x7 with one channel, (9, 7, 1); the model takes (7, 9, 1)");
   EXPECT_EQ(message_of([&] { m.evaluate(other); }),
             "evaluate: images are 9x7 with one channel, (9, 7, 1); the model takes (7, 9, 1)");
+}
+
+// Images with channels: fit, evaluate and predict take (n, H, W, C) batches from a Dataset
+// with channels. A three-channel model whose first convolution has a one-channel model's
+// filters on channel 1 (and other weights on 0 and 2, which see only black) trains on the
+// same digits placed in channel 1 exactly as the one-channel model does: the same losses
+// and weights, and the weights of channels 0 and 2 never move (their gradient is exactly 0,
+// and so is Adam's step). A channel read from the wrong place (planes instead of
+// interleaved pixels, or the wrong stride) would give another model at the first step.
+TEST(ModelCpu, ImagesWithChannelsTrainAsTheirChannelDoes) {
+  const Dataset gray = synthetic(150, 28, 28, 31), gray_val = synthetic(40, 28, 28, 32);
+  const Dataset rgb = mf::testing::in_channel(gray, 3, 1), rgb_val = mf::testing::in_channel(gray_val, 3, 1);
+  mf::Rng rng1(33), rng3(34);
+  Sequential one = Sequential::mnist_cnn(rng1);
+  Sequential three = Sequential::mnist_cnn(rng3, 28, 28, 3);
+  EXPECT_EQ(three.num_params(), 121930 + 2 * 32 * 3 * 3);
+  mf::testing::copy_into_channel(one, three, 1);
+  const std::vector<float> three_before = all_weights(three);
+  one.compile(std::make_unique<mf::Adam>());
+  three.compile(std::make_unique<mf::Adam>());
+  mf::FitOptions o;
+  o.epochs = 2;
+  o.batch_size = 32;  // 5 steps an epoch, the last of 22 images
+  o.seed = 35;
+  const mf::History h1 = one.fit(gray, &gray_val, o), h3 = three.fit(rgb, &rgb_val, o);
+  ASSERT_EQ(h3.epochs.size(), 2u);
+  // The two models sum the same products in another order (the one-channel model's first
+  // convolution has a kernel of its own), so they agree to rounding: ~1e-7 relative in a
+  // gradient, which 10 Adam steps leave well under 1e-5 in a weight.
+  for (std::size_t e = 0; e < 2; ++e) {
+    EXPECT_NEAR(h3.epochs[e].loss, h1.epochs[e].loss, 1e-5) << e;
+    EXPECT_NEAR(h3.epochs[e].val_loss, h1.epochs[e].val_loss, 1e-5) << e;
+    EXPECT_NEAR(h3.epochs[e].val_accuracy, h1.epochs[e].val_accuracy, 1.5 / 40) << e;  // a tie may flip
+  }
+  const std::vector<float> w1 = all_weights(one), w3 = all_weights(three);
+  const std::int64_t k1 = 32 * 3 * 3, k3 = 3 * k1;  // the first kernels' sizes
+  double moved = 0.0, channel1 = 0.0, rest = 0.0;
+  std::int64_t others_changed = 0;
+  for (std::int64_t j = 0; j < k1; ++j) {
+    channel1 = std::max(channel1, std::abs(static_cast<double>(w3[j * 3 + 1]) - w1[j]));
+    others_changed += (w3[j * 3 + 0] != three_before[j * 3 + 0]) + (w3[j * 3 + 2] != three_before[j * 3 + 2]);
+    moved = std::max(moved, std::abs(static_cast<double>(w3[j * 3 + 1]) - three_before[j * 3 + 1]));
+  }
+  ASSERT_EQ(w3.size() - k3, w1.size() - k1);
+  for (std::size_t j = 0; j < w1.size() - k1; ++j)
+    rest = std::max(rest, std::abs(static_cast<double>(w3[k3 + j]) - w1[k1 + j]));
+  EXPECT_LT(channel1, 1e-5) << "channel 1's filters against the one-channel model's";
+  EXPECT_LT(rest, 1e-5) << "the other layers' weights against the one-channel model's";
+  EXPECT_EQ(others_changed, 0) << "weights of channels 0 and 2 moved";
+  EXPECT_GT(moved, 1e-3) << "channel 1's filters trained";
+  const mf::EvalResult e1 = one.evaluate(gray_val), e3 = three.evaluate(rgb_val);
+  EXPECT_NEAR(e3.loss, e1.loss, 1e-5);
+  EXPECT_NEAR(e3.accuracy, e1.accuracy, 1.5 / 40);
+  // One-channel images for the three-channel model, and the other way round, are refused.
+  EXPECT_THROW(three.evaluate(gray_val), std::invalid_argument);
+  try {
+    one.fit(rgb, nullptr, o);
+    ADD_FAILURE() << "three-channel images trained a one-channel model";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_STREQ(e.what(), "fit: images are 28x28 with 3 channels, (28, 28, 3); the model takes (28, 28, 1)");
+  }
 }
 
 // Images too small for the model: the error names the layer they do not fit (the size

@@ -1,0 +1,48 @@
+// channel_util.h: images with channels checked against one channel, for the model tests on
+// both devices. Header-only, so that the kernel tests, which link no layers, can keep
+// test_util.cpp without them.
+#pragma once
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+#include "data/mnist.h"
+#include "layers/sequential.h"
+
+namespace mf::testing {
+
+// `d`'s images as channel `at` of `channels`, every other channel 0 (black), interleaved as
+// a 4-D IDX file holds them.
+inline data::Dataset in_channel(const data::Dataset& d, std::int64_t channels, std::int64_t at) {
+  data::Dataset w = d;
+  w.channels = channels;
+  w.images.assign(d.images.size() * static_cast<std::size_t>(channels), 0);
+  for (std::size_t i = 0; i < d.images.size(); ++i) w.images[i * channels + at] = d.images[i];
+  return w;
+}
+
+// Gives `wide`, built like `narrow` but for images with more channels, `narrow`'s function
+// on in_channel(images, .., at): its first layer (a Conv2D, kernel (filters, k, k, channels))
+// gets `narrow`'s filters on input channel `at` and keeps its own weights on the others,
+// which see only zeros; every other parameter is `narrow`'s. Both models on the CPU.
+inline void copy_into_channel(Sequential& narrow, Sequential& wide, std::int64_t at) {
+  const std::vector<Parameter*> from = narrow.parameters(), to = wide.parameters();
+  ASSERT_EQ(from.size(), to.size());
+  for (std::size_t i = 0; i < from.size(); ++i) {
+    const float* src = from[i]->value.data<float>();
+    float* dst = to[i]->value.data<float>();
+    if (i == 0) {
+      const std::int64_t wide_c = to[0]->value.dim(3);
+      ASSERT_EQ(from[0]->value.dim(3), 1);
+      ASSERT_EQ(from[0]->value.numel() * wide_c, to[0]->value.numel());
+      for (std::int64_t j = 0; j < from[0]->value.numel(); ++j) dst[j * wide_c + at] = src[j];
+    } else {
+      ASSERT_EQ(from[i]->value.shape(), to[i]->value.shape()) << i;
+      std::copy(src, src + from[i]->value.numel(), dst);
+    }
+  }
+}
+
+}  // namespace mf::testing
