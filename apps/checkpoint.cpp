@@ -453,8 +453,28 @@ CheckpointFile read_checkpoint(const std::string& path) {
 void restore_checkpoint(const CheckpointContents& c, const std::uint8_t* bytes, const std::string& name,
                         Sequential& model, Optimizer* optimizer) {
   const std::string arch = model.architecture();
-  if (c.architecture != arch)
+  if (c.architecture != arch) {
+    // The same layers for other images (a run on other data, or resumed with another
+    // --data) is said in those words; any other difference shows both architectures.
+    // An architecture reads "input(28, 28, 1)|Conv2D->(1, 26, 26, 32)|...".
+    const auto input_of = [](const std::string& a) {
+      return a.rfind("input(", 0) == 0 && a.find('|') != std::string::npos ? a.substr(5, a.find('|') - 5) : "";
+    };
+    const auto layer_types = [](const std::string& a) {
+      std::string types;
+      for (std::size_t at = a.find('|'); at != std::string::npos; at = a.find('|', at + 1))
+        types += a.substr(at, a.find("->", at) - at);
+      return types;
+    };
+    const std::string saved_input = input_of(c.architecture), input = input_of(arch);
+    if (!saved_input.empty() && !input.empty() && saved_input != input &&
+        layer_types(c.architecture) == layer_types(arch)) {
+      throw CheckpointError(name, "saved for a model of " + saved_input +
+                                      " images (rows, cols, channels); this one takes " + input +
+                                      ": the checkpoint comes from other data");
+    }
     throw CheckpointError(name, "saved for another model: checkpoint " + c.architecture + " vs this model " + arch);
+  }
 
   std::map<std::string, const CheckpointTensor*> by_name;
   for (const auto& t : c.tensors) by_name[t.name] = &t;

@@ -427,11 +427,20 @@ TEST(TrainMnistCli, ImagesWithChannelsTrain) {
   const RunResult p = run_program(MF_PREDICT_BIN, "--model " + dir.file("run.ckpt") + " x.png", dir);
   EXPECT_EQ(p.status, kError);
   EXPECT_EQ(count_lines(p.err), 1) << p.err;
-  EXPECT_NE(p.err.find("saved for another model"), std::string::npos) << p.err;
-  EXPECT_NE(p.err.find("28, 28, 3"), std::string::npos) << p.err;
+  EXPECT_NE(p.err.find("saved for a model of (28, 28, 3) images (rows, cols, channels); this one takes (28, 28, 1)"),
+            std::string::npos)
+      << p.err;
 #endif
+  // Resumed on one-channel digits, the run is refused in the same words.
+  TempDir gray("_gray");
+  write_tiny_mnist(gray);
+  const RunResult resumed = run_program(
+      MF_TRAIN_MNIST_BIN, "--device cpu --epochs 3 --data " + gray.file("") + " --resume " + dir.file("run.ckpt"), dir);
+  EXPECT_EQ(resumed.status, kError);
+  EXPECT_EQ(count_lines(resumed.err), 1) << resumed.err;
+  EXPECT_NE(resumed.err.find(": the checkpoint comes from other data"), std::string::npos) << resumed.err;
 
-  TempDir wide;
+  TempDir wide("_wide");
   const std::vector<std::uint8_t> pixels(2 * 28 * 28 * 65, 0), two(2, 1);
   for (const char* set : {"train", "t10k"}) {
     data::write_idx(wide.file(std::string(set) + "-images-idx4-ubyte"), {2, 28, 28, 65}, pixels, false);

@@ -432,6 +432,16 @@ TEST(Checkpoint, OtherArchitectureIsRefusedNamingBoth) {
   Sequential ten = make_model(2);
   expect_refused(path, "saved for another model: checkpoint " + five.architecture() + " vs this model " +
                            ten.architecture());
+  // The same layers for other images: a run on other data, said so.
+  for (const auto& [rows, channels] : {std::pair<int, int>{28, 3}, {32, 1}}) {
+    Sequential other = Sequential::mnist_cnn(rng, rows, rows, channels);
+    other.compile(std::make_unique<Adam>());
+    apps::save_checkpoint(path, other, *other.optimizer(), meta_for(1));
+    expect_refused(path, "saved for a model of (" + std::to_string(rows) + ", " + std::to_string(rows) + ", " +
+                             std::to_string(channels) +
+                             ") images (rows, cols, channels); this one takes (28, 28, 1): the checkpoint comes "
+                             "from other data");
+  }
 }
 
 TEST(Checkpoint, OtherOptimizerOrWeightsOnlyIsRefusedForResume) {
