@@ -45,8 +45,10 @@ void write_grid(Sequential& model, const std::string& data_dir, const std::strin
   const data::Mnist mnist = data::load_mnist(data_dir);
   const data::Dataset& test = mnist.test;
   const std::int64_t side = test.rows;
-  // Sized as the data's images are, so that a folder of other images is refused by the
-  // model's shape check rather than written past.
+  const Shape images{test.rows, test.cols, test.channels};
+  if (images != model.input_shape())
+    throw std::invalid_argument("--grid: the test images in " + mnist.dir + " are " + images.str() +
+                                " (rows, cols, channels); the model takes " + model.input_shape().str());
   Tensor x = Tensor::empty(Shape{test.count, test.rows, test.cols, test.channels});
   std::vector<std::int32_t> idx(static_cast<std::size_t>(test.count)), labels(idx.size());
   std::iota(idx.begin(), idx.end(), 0);

@@ -439,6 +439,23 @@ TEST(TrainMnistCli, ImagesWithChannelsTrain) {
   EXPECT_EQ(resumed.status, kError);
   EXPECT_EQ(count_lines(resumed.err), 1) << resumed.err;
   EXPECT_NE(resumed.err.find(": the checkpoint comes from other data"), std::string::npos) << resumed.err;
+#if MF_WITH_STB && defined(MF_PREDICT_BIN)
+  // A one-channel model's grid of misclassified digits from three-channel test images.
+  ASSERT_EQ(run_program(MF_TRAIN_MNIST_BIN, "--device cpu --epochs 1 --quiet --data " + gray.file("") + " --save " +
+                                                gray.file("gray.ckpt"),
+                        dir)
+                .status,
+            0);
+  const RunResult grid = run_program(MF_PREDICT_BIN,
+                                     "--model " + gray.file("gray.ckpt") + " --data " + dir.file("") + " --grid " +
+                                         dir.file("grid.png"),
+                                     dir);
+  EXPECT_EQ(grid.status, kError);
+  EXPECT_EQ(count_lines(grid.err), 1) << grid.err;
+  EXPECT_NE(grid.err.find(" are (28, 28, 3) (rows, cols, channels); the model takes (28, 28, 1)"), std::string::npos)
+      << grid.err;
+  EXPECT_FALSE(fs::exists(dir.file("grid.png")));
+#endif
 
   TempDir wide("_wide");
   const std::vector<std::uint8_t> pixels(2 * 28 * 28 * 65, 0), two(2, 1);
