@@ -30,7 +30,8 @@ const char* non_file_kind(mode_t mode) {
 }
 
 // The first regular file among the usual names for `stem` and each of `kinds` ("train-images"
-// + "idx3-ubyte", then "idx4-ubyte"). Raw names come before .gz so an unpacked copy next to the archive is preferred (no inflate).
+// + "idx3-ubyte", then "idx4-ubyte"). For each kind, raw names come before .gz so an unpacked
+// copy next to the archive is preferred (no inflate).
 // A name that exists but is no file (a folder, a FIFO), or that cannot be looked at (no
 // permission on the folder, a symlink loop), is skipped too; when no name gives a file, the
 // error names the first such problem rather than "cannot find", which would send the user

@@ -21,9 +21,10 @@ struct Dataset {
 };
 
 // Loads an images file (3-D IDX: count x rows x cols, one channel; or 4-D: count x rows x
-// cols x channels, at least one) and a labels file (1-D IDX: count), raw or gzip. Throws DataError if the shapes are wrong, the counts differ (naming both files
-// and counts) or a label is >= num_classes (naming the file, the index and the value), and
-// std::invalid_argument unless 1 <= num_classes <= 256.
+// cols x channels) and a labels file (1-D IDX: count), raw or gzip. Throws DataError if the
+// shapes are wrong, the counts differ (naming both files and counts) or a label is >=
+// num_classes (naming the file, the index and the value), and std::invalid_argument unless
+// 1 <= num_classes <= 256.
 Dataset load_idx_pair(const std::string& images_path, const std::string& labels_path,
                       int num_classes = 10);
 
