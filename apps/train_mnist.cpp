@@ -134,7 +134,7 @@ static int run_main(int argc, char** argv) {
                                    "training; 2 a bad flag; 3 test accuracy below --min-accuracy; 130 stopped by Ctrl-C,\n"
                                    "143 by SIGTERM, 129 by SIGHUP (with --save, after saving the run).");
   flags.add_string("device", &o.device, "where to train", {"auto", "cpu", "gpu"});
-  flags.add_string("data", &o.data_dir, "folder with the four MNIST IDX files (raw or .gz); $MF_DATA_DIR sets the default");
+  flags.add_string("data", &o.data_dir, "folder with the four MNIST IDX files (raw or .gz; 4-D image files for images with channels); $MF_DATA_DIR sets the default");
   flags.add_int("epochs", &o.epochs, 1, 1000, "training epochs");
   flags.add_int("batch-size", &o.batch_size, 1, 65536, "samples per step");
   flags.add_double("lr", &o.lr, 1e-8, 10.0, "learning rate");
