@@ -18,8 +18,6 @@ std::string join_dims(const std::vector<std::int64_t>& dims) {
   return s;
 }
 
-std::string channels_str(std::int64_t c) { return c == 1 ? "one channel" : std::to_string(c) + " channels"; }
-
 // What a path that exists but is not a regular file is, for the error message.
 const char* non_file_kind(mode_t mode) {
   if (S_ISDIR(mode)) return "a folder";
@@ -70,6 +68,10 @@ std::string find_file(const std::filesystem::path& dir, const std::string& stem,
 }
 
 }  // namespace
+
+std::string channels_text(std::int64_t channels) {
+  return channels == 1 ? "one channel" : std::to_string(channels) + " channels";
+}
 
 void check_dataset(const Dataset& d, const char* caller) {
   // count * rows * cols * channels in 64 bits, checked: a hand-made count of 10^17 would
@@ -160,9 +162,9 @@ Mnist load_mnist(const std::string& dir) {
                                              std::to_string(m.train.cols));
   }
   if (m.train.channels != m.test.channels) {
-    throw DataError(m.files.test_images, "images have " + channels_str(m.test.channels) +
+    throw DataError(m.files.test_images, "images have " + channels_text(m.test.channels) +
                                              " but the training images in " + m.files.train_images + " have " +
-                                             channels_str(m.train.channels));
+                                             channels_text(m.train.channels));
   }
   return m;
 }

@@ -68,6 +68,9 @@ Split split_validation(const Dataset& d, double fraction);
 // Samples [begin, end) of d, copied. Throws std::invalid_argument unless 0 <= begin <= end <= count.
 Dataset subset(const Dataset& d, std::int64_t begin, std::int64_t end);
 
+// "one channel" or "3 channels": an image's channels, in the words of the error messages.
+std::string channels_text(std::int64_t channels);
+
 // Throws std::invalid_argument naming `caller` unless images and labels have the sizes that
 // count, rows, cols and channels say, and channels >= 1 (guards hand-built Datasets before
 // they are indexed).

@@ -39,9 +39,9 @@ namespace {
 void check_image_shape(const data::Dataset& d, const Shape& input_shape, const std::string& what) {
   const Shape images{d.rows, d.cols, d.channels};
   if (images == input_shape) return;
-  const std::string channels = d.channels == 1 ? "one channel" : std::to_string(d.channels) + " channels";
   throw std::invalid_argument(what + " images are " + std::to_string(d.rows) + "x" + std::to_string(d.cols) +
-                              " with " + channels + ", " + images.str() + "; the model takes " + input_shape.str());
+                              " with " + data::channels_text(d.channels) + ", " + images.str() +
+                              "; the model takes " + input_shape.str());
 }
 }  // namespace
 

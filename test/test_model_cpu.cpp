@@ -327,8 +327,8 @@ TEST(ModelCpu, ImagesOfAnotherShapeSpellOutTheirs) {
             "evaluate: images are 9x7 with one channel, (9, 7, 1); the model takes (7, 9, 1)");
 }
 
-// Images with channels: fit, evaluate and predict take (n, H, W, C) batches from a Dataset
-// with channels. A three-channel model whose first convolution has a one-channel model's
+// Images with channels: fit and evaluate take (n, H, W, C) batches from a Dataset with
+// channels. A three-channel model whose first convolution has a one-channel model's
 // filters on channel 1 (and other weights on 0 and 2, which see only black) trains on the
 // same digits placed in channel 1 exactly as the one-channel model does: the same losses
 // and weights, and the weights of channels 0 and 2 never move (their gradient is exactly 0,
