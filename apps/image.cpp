@@ -7,6 +7,8 @@
 #include <cmath>
 #include <memory>
 
+#include <zlib.h>
+
 #include "apps/atomic_file.h"
 
 #define STBI_NO_STDIO
@@ -71,24 +73,39 @@ std::uint32_t le32(const std::uint8_t* p) {
 }
 std::uint32_t le16(const std::uint8_t* p) { return std::uint32_t{p[0]} | (std::uint32_t{p[1]} << 8); }
 
-// "" if a PNG's chunks run whole up to IEND, else what is missing. stb 2.27 reads chunks up
-// to IEND too, but names a cut one by its type's first bytes ("IDA") or by nothing.
-std::string png_truncation(const std::uint8_t* p, std::size_t size) {
+// What a walk over a PNG's chunks, up to IEND, finds: stb 2.27 names a chunk that is cut
+// short by its type's first bytes ("IDA") or by nothing, and checks no chunk's CRC.
+struct PngChunks {
+  std::string cut;            // "" when every chunk is whole, else where the file ends
+  std::string bad_crc;        // the first chunk stb uses whose CRC does not match, or ""
+  bool colour_key = false;    // a tRNS chunk: one grey level or colour is transparent
+};
+
+PngChunks png_chunks(const std::uint8_t* p, std::size_t size) {
+  PngChunks r;
   const std::string has = "the file (" + std::to_string(size) + " bytes) ends ";
   std::uint64_t pos = 8;  // after the signature; each chunk: length, type, data, CRC
   for (;;) {
-    if (pos == size) return has + "before its IEND chunk";
-    if (pos + 8 > size) return has + "inside a chunk header";
+    if (pos == size) return r.cut = has + "before its IEND chunk", r;
+    if (pos + 8 > size) return r.cut = has + "inside a chunk header", r;
     const std::string type(reinterpret_cast<const char*>(p + pos + 4), 4);
     for (const char c : type)
-      if (!std::isalpha(static_cast<unsigned char>(c))) return "";  // corrupt, not cut: stb says so
+      if (!std::isalpha(static_cast<unsigned char>(c))) return r;  // corrupt, not cut: stb says so
     const std::uint64_t end = pos + 12 + be32(p + pos);
-    if (end > size) return has + "inside its " + type + " chunk, which ends at byte " + std::to_string(end);
-    if (type == "IEND") return "";
+    if (end > size) return r.cut = has + "inside its " + type + " chunk, which ends at byte " + std::to_string(end), r;
+    // The CRC covers the type and the data. As libpng does, a bad one is an error in a
+    // critical chunk (the type's first letter upper case: IHDR, PLTE, IDAT, IEND) and in
+    // tRNS, which stb applies; other ancillary chunks (text, gamma...) stb skips anyway.
+    const bool used = std::isupper(static_cast<unsigned char>(type[0])) || type == "tRNS";
+    const auto data_end = static_cast<std::size_t>(end - 4);
+    if (used && r.bad_crc.empty() &&
+        crc32_z(0L, p + pos + 4, data_end - static_cast<std::size_t>(pos + 4)) != be32(p + data_end))
+      r.bad_crc = type;
+    if (type == "tRNS") r.colour_key = true;
+    if (type == "IEND") return r;
     pos = end;
   }
 }
-
 // Whether a JPEG ends before its end-of-image marker (FF D9), which stb 2.27 requires too
 // (reporting "expected marker", or another format's complaint when the cut is in the
 // header). Marker segments are skipped by their length.
@@ -289,9 +306,13 @@ GrayImage decode_gray_image(const std::uint8_t* bytes, std::size_t size, const s
     throw ImageError(name, "not a readable image: its first bytes match no PNG, JPEG or BMP file");
   const std::string kind = format_name(format);
   // A file cut short says so before stb looks at it: stb's own reasons for it are cryptic.
+  PngChunks png;
   if (format == Format::kPng) {
-    const std::string cut = png_truncation(bytes, size);
-    if (!cut.empty()) throw ImageError(name, "truncated PNG: " + cut);
+    png = png_chunks(bytes, size);
+    if (!png.cut.empty()) throw ImageError(name, "truncated PNG: " + png.cut);
+    if (!png.bad_crc.empty())
+      throw ImageError(name, "corrupt PNG: the checksum (CRC) of its " + png.bad_crc +
+                                 " chunk does not match its contents (a damaged copy or download?)");
     // stbi_info gives no reason when it refuses a header, so a PNG it refuses for its size
     // would read "corrupt": look at its header (IHDR, the first chunk) first.
     if (size >= 24 && std::equal(bytes + 12, bytes + 16, "IHDR")) {
@@ -337,7 +358,10 @@ GrayImage decode_gray_image(const std::uint8_t* bytes, std::size_t size, const s
     if (!past.empty()) throw ImageError(name, "corrupt BMP: " + past);
   }
   w = static_cast<int>(width), h = static_cast<int>(height);
-  const bool alpha = comp == 2 || comp == 4;
+  // A grey or RGB PNG with a tRNS chunk (one transparent level or colour, as optimisers
+  // write an on/off alpha channel) has alpha too, though stbi_info counts 1 or 3 channels:
+  // stb adds the alpha channel when it decodes. A palette's tRNS is in comp already.
+  const bool alpha = comp == 2 || comp == 4 || (format == Format::kPng && png.colour_key);
   const int want = alpha ? 2 : 1;  // grey (+ alpha)
   int w2 = 0, h2 = 0, c2 = 0;
   stb_ran_out_of_memory();  // forget any earlier failure

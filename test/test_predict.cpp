@@ -15,6 +15,8 @@
 #include <string>
 #include <vector>
 
+#include <zlib.h>
+
 #include "apps/atomic_file.h"
 #include "apps/checkpoint.h"
 #include "apps/common.h"
@@ -134,6 +136,41 @@ Drawing pattern(int w, int h) {
   return d;
 }
 
+// A PNG chunk: length, type, data, and the CRC of type and data.
+std::string png_chunk(const std::string& type, const std::string& data) {
+  auto be32 = [](std::uint32_t v) {
+    return std::string{static_cast<char>(v >> 24), static_cast<char>(v >> 16), static_cast<char>(v >> 8),
+                       static_cast<char>(v)};
+  };
+  const std::string body = type + data;
+  return be32(static_cast<std::uint32_t>(data.size())) + body +
+         be32(static_cast<std::uint32_t>(crc32(0, reinterpret_cast<const Bytef*>(body.data()),
+                                               static_cast<uInt>(body.size()))));
+}
+
+// An 8-bit PNG of colour type 0 (grey) or 2 (RGB, each pixel's grey three times), with the
+// chunks in `extra` (a tRNS, a tEXt...) between IHDR and IDAT.
+std::string png_of(const Drawing& d, int colour_type, const std::string& extra = "") {
+  const int channels = colour_type == 2 ? 3 : 1;
+  std::string raw;
+  for (int y = 0; y < d.h; ++y) {
+    raw += '\0';  // filter: none
+    for (int x = 0; x < d.w; ++x) raw.append(channels, static_cast<char>(d.px[static_cast<std::size_t>(y) * d.w + x]));
+  }
+  uLongf n = compressBound(static_cast<uLong>(raw.size()));
+  std::string idat(n, '\0');
+  if (compress(reinterpret_cast<Bytef*>(idat.data()), &n, reinterpret_cast<const Bytef*>(raw.data()),
+               static_cast<uLong>(raw.size())) != Z_OK)
+    throw std::runtime_error("compress failed");
+  idat.resize(n);
+  std::string ihdr;
+  for (std::uint32_t v : {static_cast<std::uint32_t>(d.w), static_cast<std::uint32_t>(d.h)})
+    for (int i = 3; i >= 0; --i) ihdr += static_cast<char>(v >> (8 * i));
+  ihdr += std::string{8, static_cast<char>(colour_type), 0, 0, 0};
+  return std::string("\x89PNG\r\n\x1a\n", 8) + png_chunk("IHDR", ihdr) + extra + png_chunk("IDAT", idat) +
+         png_chunk("IEND", "");
+}
+
 void save_bytes(const std::string& path, const std::string& bytes) {
   std::ofstream(path, std::ios::binary) << bytes;
 }
@@ -224,6 +261,66 @@ TEST(Preprocess, TransparentCanvasKeepsTheStrokes) {
             apps::mnist_preprocess(gray(d), "orig"));
 }
 
+// A grey or RGB PNG whose tRNS chunk makes one level transparent (an optimiser's form of an
+// on/off alpha channel): stbi_info counts no alpha channel for it, but the transparent
+// background is composited as an alpha channel's is, and the digit reads as the same.
+TEST(Preprocess, ColourKeyTransparencyIsTransparentToo) {
+  TempDir dir;
+  Drawing d = one(0, 24);  // dark grey strokes; the background (0) is the transparent level
+  std::vector<std::uint8_t> rgba(static_cast<std::size_t>(d.w) * d.h * 4, 0);
+  for (std::size_t i = 0; i < d.px.size(); ++i)
+    if (d.px[i]) rgba[4 * i] = rgba[4 * i + 1] = rgba[4 * i + 2] = 24, rgba[4 * i + 3] = 255;
+  apps::write_png(dir.file("alpha.png"), d.w, d.h, 4, rgba.data());
+  const std::vector<float> want = apps::mnist_preprocess(apps::read_gray_image(dir.file("alpha.png")), "alpha");
+  save_bytes(dir.file("grey-key.png"), png_of(d, 0, png_chunk("tRNS", std::string(2, '\0'))));
+  save_bytes(dir.file("rgb-key.png"), png_of(d, 2, png_chunk("tRNS", std::string(6, '\0'))));
+  for (const char* name : {"grey-key.png", "rgb-key.png"}) {
+    SCOPED_TRACE(name);
+    try {
+      EXPECT_EQ(apps::mnist_preprocess(apps::read_gray_image(dir.file(name)), name), want);
+    } catch (const apps::ImageError& e) {
+      ADD_FAILURE() << e.what();
+    }
+  }
+  // Without the tRNS chunk the same pixels are a dark picture whose strokes are barely there
+  // (what the colour-keyed files gave before): refused as blank.
+  save_bytes(dir.file("no-key.png"), png_of(d, 2));
+  try {
+    apps::mnist_preprocess(apps::read_gray_image(dir.file("no-key.png")), "no-key.png");
+    ADD_FAILURE() << "no-key.png: expected 'no ink'";
+  } catch (const apps::ImageError& e) {
+    EXPECT_NE(std::string(e.what()).find("no-key.png: no ink"), std::string::npos) << e.what();
+  }
+}
+
+// A PNG's chunks carry a CRC, which stb does not check: a damaged file decoded into another
+// picture (another digit, classified with confidence). A critical chunk (IHDR, IDAT...) or
+// tRNS whose CRC does not match is refused, as libpng refuses it; a damaged text chunk,
+// which nothing reads, is not.
+TEST(Images, PngWithADamagedChunkIsRefused) {
+  TempDir dir;
+  const Drawing d = one();
+  const std::string png = png_of(d, 0);
+  save_bytes(dir.file("whole.png"), png);
+  ASSERT_EQ(image_error(dir.file("whole.png")), "");
+  const std::size_t idat = png.find("IDAT");
+  ASSERT_NE(idat, std::string::npos);
+  for (const std::size_t at : {std::size_t{17}, idat + 4 + 10, png.size() - 2}) {  // IHDR, IDAT, IEND's CRC
+    SCOPED_TRACE(at);
+    std::string bad = png;
+    bad[at] = static_cast<char>(bad[at] ^ 0x10);
+    const std::string path = dir.file("flip" + std::to_string(at) + ".png");
+    save_bytes(path, bad);
+    const std::string chunk = at < idat ? "IHDR" : at < png.size() - 12 ? "IDAT" : "IEND";
+    EXPECT_EQ(image_error(path), path + ": corrupt PNG: the checksum (CRC) of its " + chunk +
+                                     " chunk does not match its contents (a damaged copy or download?)");
+  }
+  std::string text = png_chunk("tEXt", std::string("Comment\0drawn by hand", 22));
+  text[text.size() - 1] = static_cast<char>(text.back() ^ 1);
+  save_bytes(dir.file("text.png"), png_of(d, 0, text));
+  EXPECT_EQ(image_error(dir.file("text.png")), "");
+}
+
 TEST(Images, BadFilesGiveOneClearError) {
   TempDir dir;
   auto expect_error = [](const std::string& path, const std::string& what) {
@@ -243,8 +340,8 @@ TEST(Images, BadFilesGiveOneClearError) {
   fs::create_directory(dir.file("folder.png"));
   expect_error(dir.file("folder.png"), "folder");
 
-  // A real PNG whose header is patched to claim absurd or zero sizes (stb does not check
-  // the chunk CRC): refused from the header, before any decoding.
+  // A real PNG whose header is patched to claim absurd or zero sizes (its CRC made right):
+  // refused from the header, before any decoding.
   one().save(dir.file("ok.png"));
   std::string png = apps::read_file_bytes(dir.file("ok.png"));
   auto patched = [&](std::uint32_t w, std::uint32_t h, const std::string& name) {
@@ -253,6 +350,8 @@ TEST(Images, BadFilesGiveOneClearError) {
       p[16 + i] = static_cast<char>((w >> (24 - 8 * i)) & 0xff);  // IHDR width, big-endian
       p[20 + i] = static_cast<char>((h >> (24 - 8 * i)) & 0xff);
     }
+    const auto crc = static_cast<std::uint32_t>(crc32(0, reinterpret_cast<const Bytef*>(p.data() + 12), 17));
+    for (int i = 0; i < 4; ++i) p[29 + i] = static_cast<char>((crc >> (24 - 8 * i)) & 0xff);
     std::ofstream(dir.file(name), std::ios::binary) << p;
     return dir.file(name);
   };
