@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
+#include <filesystem>
 #include <limits>
 #include <map>
 #include <set>
@@ -48,10 +49,10 @@ void put_str(std::string& out, const std::string& s) {
   out += s;
 }
 
-std::string clean(const std::string& s) {  // meta values stay on one line
+std::string clean(const std::string& s) {  // meta values stay on one line, with no control byte
   std::string r = s;
   for (char& c : r)
-    if (c == '\n' || c == '\r') c = ' ';
+    if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) c = ' ';
   return r;
 }
 std::string num(double v) {
@@ -114,11 +115,23 @@ class Reader {
     pos_ += 8;
     return v;
   }
-  std::string str(std::size_t max_len, const char* what) {
+  // A length-prefixed string. No checkpoint holds a control byte in one (the meta's lines
+  // end in '\n'; clean() keeps the others out): one there is damage, and printed in a
+  // message it would cut it short (NUL) or reach the terminal (ESC).
+  std::string str(std::size_t max_len, const char* what, bool lines = false) {
     const std::uint32_t n = u32(what);
     if (n > max_len) malformed(std::string(what) + " length " + std::to_string(n) + " is over the limit");
     need(n, what);
     std::string s(reinterpret_cast<const char*>(p_ + pos_), n);
+    for (std::size_t i = 0; i < s.size(); ++i) {
+      const auto c = static_cast<unsigned char>(s[i]);
+      if ((c < 0x20 && !(lines && c == '\n')) || c == 0x7f) {
+        char b[24];
+        std::snprintf(b, sizeof b, "0x%02x", c);
+        malformed(std::string(what) + " holds the control byte " + b + " at its byte " + std::to_string(i) +
+                  " (a damaged file)");
+      }
+    }
     pos_ += n;
     return s;
   }
@@ -321,10 +334,17 @@ static void check_values(const CheckpointTensor& t, const std::uint8_t* bytes, c
   } else if (h.dtype() == DType::kF32 || h.dtype() == DType::kF16) {
     const Tensor f = h.dtype() == DType::kF32 ? h : h.to(DType::kF32);
     const float* v = f.data<float>();
-    for (std::int64_t i = 0; i < f.numel(); ++i)
+    // Adam's second moment is a running mean of squares: a negative one would make the
+    // step's square root NaN, which the run would report as a diverging learning rate.
+    const bool squares = t.name == std::string(kOptimizerPrefix) + "adam.v";
+    for (std::int64_t i = 0; i < f.numel(); ++i) {
       if (!std::isfinite(v[i]))
         throw CheckpointError(name, what + " holds a non-finite value (" + std::to_string(v[i]) + " at element " +
                                         std::to_string(i) + ")");
+      if (squares && v[i] < 0)
+        throw CheckpointError(name, what + " holds a negative value (" + std::to_string(v[i]) + " at element " +
+                                        std::to_string(i) + "), which a mean of squares cannot be");
+    }
   }
 }
 
@@ -360,6 +380,12 @@ CheckpointContents parse_checkpoint(const std::uint8_t* bytes, std::size_t size,
                                     std::to_string(kCheckpointVersion));
   r.u32("reserved");
   const std::uint64_t file_size = r.u64("file size");
+  // A size no checkpoint can have is a damaged header, not a file cut short.
+  if (file_size > size && file_size > kMaxCheckpointBytes)
+    throw CheckpointError(name, "corrupted header: it gives the file's size as " + std::to_string(file_size) +
+                                    " bytes, more than any checkpoint has (" +
+                                    std::to_string(kMaxCheckpointBytes >> 20) + " MiB at most); the file has " +
+                                    std::to_string(size));
   if (file_size > size)
     throw CheckpointError(name, "truncated: " + std::to_string(size) + " of " + std::to_string(file_size) +
                                     " bytes (an interrupted copy or download?)");
@@ -383,7 +409,7 @@ CheckpointContents parse_checkpoint(const std::uint8_t* bytes, std::size_t size,
   body_r.skip(kHeaderBytes, "header");
   CheckpointContents c;
   c.architecture = body_r.str(kMaxArchitecture, "architecture");
-  c.meta = decode_meta(body_r, body_r.str(kMaxMeta, "meta"));
+  c.meta = decode_meta(body_r, body_r.str(kMaxMeta, "meta", /*lines=*/true));
   const std::uint32_t count = body_r.u32("tensor count");
   if (count > body_r.left() / kMinRecord)
     body_r.malformed("tensor count " + std::to_string(count) + " cannot fit in " + std::to_string(body_r.left()) +

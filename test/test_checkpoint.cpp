@@ -16,6 +16,7 @@
 #include <limits>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "apps/atomic_file.h"
@@ -389,6 +390,12 @@ TEST(Checkpoint, NonFiniteWeightsAndNegativeCountsAreRefused) {
            if (name == "adam.step") t.data<std::int32_t>()[0] = -1;
        },
        "optimizer state 'optimizer/adam.step' holds a negative count (-1)"},
+      {[](Sequential& m) {
+         for (auto& [name, t] : m.optimizer()->state())
+           if (name == "adam.v") t.data<float>()[2] = -1.0f;
+       },
+       "optimizer state 'optimizer/adam.v' holds a negative value (-1.000000 at element 2), which a mean of squares "
+       "cannot be"},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.expect);
@@ -732,6 +739,52 @@ TEST(Checkpoint, ParserBoundsEveryLength) {
     } catch (const CheckpointError& e) {
       EXPECT_NE(std::string(e.what()).find("malformed"), std::string::npos) << e.what();
       EXPECT_NE(std::string(e.what()).find(f.expect), std::string::npos) << e.what();
+    }
+  }
+}
+
+// Damage the checksum cannot be trusted to name: a file size in the header larger than any
+// checkpoint is a corrupted header, not a file cut short; a control byte in a name (a NUL
+// would end the message there, an ESC would reach the terminal) is refused naming the byte.
+TEST(Checkpoint, DamagedHeaderAndNamesSayWhatIsWrong) {
+  TempDir dir;
+  const std::string path = dir.file("a.ckpt");
+  trained_and_saved(path);
+  const std::string bytes = slurp(path);
+  std::string bad = bytes;
+  bad[20] = static_cast<char>(bad[20] ^ 0x40);  // the file size's fifth byte: 2^38 more
+  spit(dir.file("size.ckpt"), bad);
+  expect_refused(dir.file("size.ckpt"), "corrupted header: it gives the file's size as " +
+                                            std::to_string(bytes.size() + (std::uint64_t{1} << 38)) +
+                                            " bytes, more than any checkpoint has (256 MiB at most); the file has " +
+                                            std::to_string(bytes.size()));
+  // Cut short, it still says truncated.
+  spit(dir.file("cut.ckpt"), bytes.substr(0, bytes.size() - 100));
+  expect_refused(dir.file("cut.ckpt"), "truncated: ");
+
+  const auto u32_at = [&](std::size_t at) {
+    std::uint32_t v = 0;
+    for (int i = 0; i < 4; ++i) v |= static_cast<std::uint32_t>(static_cast<unsigned char>(bytes[at + i])) << (8 * i);
+    return v;
+  };
+  const std::size_t arch = 24, meta = arch + 4 + u32_at(arch), count = meta + 4 + u32_at(meta), name = count + 4;
+  ASSERT_EQ(bytes.substr(name + 4, 6), "conv2d");
+  for (const auto& [at, byte, expect] :
+       {std::tuple<std::size_t, char, std::string>{name + 4 + 2, '\0', "tensor name holds the control byte 0x00 at "
+                                                                       "its byte 2"},
+        {name + 4, '\x1b', "tensor name holds the control byte 0x1b at its byte 0"},
+        {arch + 4 + 1, '\n', "architecture holds the control byte 0x0a at its byte 1"},
+        {meta + 4 + 1, '\t', "meta holds the control byte 0x09 at its byte 1"}}) {
+    SCOPED_TRACE(expect);
+    std::string b = bytes;
+    b[at] = byte;
+    try {
+      apps::parse_checkpoint(reinterpret_cast<const std::uint8_t*>(b.data()), b.size(), "mem", false);
+      ADD_FAILURE() << "expected malformed";
+    } catch (const CheckpointError& e) {
+      EXPECT_NE(std::string(e.what()).find("mem: malformed checkpoint: " + expect + " (a damaged file)"),
+                std::string::npos)
+          << e.what();
     }
   }
 }
