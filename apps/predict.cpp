@@ -5,9 +5,11 @@
 //   predict --model mnist.ckpt --ascii digit.png        # also show what the model sees
 //   predict --model mnist.ckpt --grid wrong.png         # misclassified test digits, labelled
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <new>
 #include <numeric>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -40,8 +42,15 @@ void print_ascii(const std::vector<float>& px) {
   }
 }
 
+// What predict says when the model's class scores are not finite.
+std::string not_finite(const std::string& model_path) {
+  return "the model's class scores are not finite (NaN or infinite): the weights in " + model_path +
+         " are too large (a damaged checkpoint, or a run that diverged)";
+}
+
 // Misclassified test digits in a grid, each labelled "true→predicted".
-void write_grid(Sequential& model, const std::string& data_dir, const std::string& path, std::int64_t max_cells) {
+void write_grid(Sequential& model, const std::string& model_path, const std::string& data_dir, const std::string& path,
+                std::int64_t max_cells) {
   const data::Mnist mnist = data::load_mnist(data_dir);
   const data::Dataset& test = mnist.test;
   const std::int64_t side = test.rows;
@@ -56,6 +65,9 @@ void write_grid(Sequential& model, const std::string& data_dir, const std::strin
   const Tensor probs = model.predict(x);
   const std::int64_t classes = probs.dim(1);
   const float* p = probs.data<float>();
+  if (!std::all_of(p, p + probs.numel(), [](float v) { return std::isfinite(v); }))
+    throw std::runtime_error("--grid: " + not_finite(model_path) + " (for some of the test images in " + mnist.dir +
+                             ")");
   std::vector<std::pair<std::int64_t, int>> wrong;  // (index, predicted)
   for (std::int64_t i = 0; i < test.count; ++i) {
     const float* row = p + i * classes;
@@ -180,6 +192,14 @@ static int run_main(int argc, char** argv) {
       const std::int64_t classes = probs.dim(1);
       for (std::int64_t i = 0; i < n; ++i) {
         const float* p = probs.data<float>() + i * classes;
+        // Finite weights (the checkpoint's checks) can still overflow on the way: scores of
+        // NaN would print "nan%" and rank as noise.
+        if (!std::all_of(p, p + classes, [](float v) { return std::isfinite(v); })) {
+          std::fprintf(stderr, "predict: error: %s: %s\n", apps::one_line(ok_paths[static_cast<std::size_t>(i)]).c_str(),
+                       apps::one_line(not_finite(model_path)).c_str());
+          ++failed;
+          continue;
+        }
         std::vector<int> order(static_cast<std::size_t>(classes));
         std::iota(order.begin(), order.end(), 0);
         std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return p[a] > p[b]; });
@@ -198,7 +218,7 @@ static int run_main(int argc, char** argv) {
     if (!grid.empty()) {
       stage = "loading the data for --grid and drawing the misclassified digits";
       oom_hint = "free some memory, or use a machine with more";
-      write_grid(model, data_dir, grid, grid_max);
+      write_grid(model, model_path, data_dir, grid, grid_max);
     }
     return failed ? 1 : 0;
   } catch (const std::bad_alloc&) {

@@ -630,6 +630,35 @@ static void synthetic_mnist(const TempDir& data) {
   data::write_idx(data.file("t10k-labels-idx1-ubyte"), {20}, lab, false);
 }
 
+// Weights that are finite (what a checkpoint's checks ask) but so large that the class scores
+// overflow: each image, and --grid, is an error naming the checkpoint, not "nan%" ranked as
+// if it were a score.
+TEST(PredictTool, ScoresThatOverflowAreAnErrorNotNan) {
+  TempDir dir("_model"), data("_data");
+  synthetic_mnist(data);
+  std::vector<std::uint8_t> img(20 * 28 * 28);  // a pattern, not a flat grey: the features are not all 0
+  for (std::size_t i = 0; i < img.size(); ++i) img[i] = static_cast<std::uint8_t>(i * 37 % 256);
+  data::write_idx(data.file("t10k-images-idx3-ubyte"), {20, 28, 28}, img, false);
+  one().save(dir.file("one.png"));
+  Rng rng(1);
+  Sequential m = Sequential::mnist_cnn(rng);
+  Parameter* kernel = m.parameters()[m.parameters().size() - 2];  // dense_1: kernel, then bias
+  ASSERT_EQ(kernel->name, "kernel");
+  for (std::int64_t i = 0; i < kernel->value.numel(); ++i) kernel->value.data<float>()[i] = 3e38f;
+  const std::string ckpt = dir.file("huge.ckpt");
+  apps::save_checkpoint(ckpt, m, nullptr, {});
+  const std::string why = "the model's class scores are not finite (NaN or infinite): the weights in " + ckpt +
+                          " are too large (a damaged checkpoint, or a run that diverged)";
+  RunResult r = run("--model " + ckpt + " " + dir.file("one.png"), dir);
+  EXPECT_EQ(r.status, 1);
+  EXPECT_EQ(r.err, "predict: error: " + dir.file("one.png") + ": " + why + "\n");
+  EXPECT_EQ(r.out, "");
+  r = run("--model " + ckpt + " --data " + data.file("") + " --grid " + dir.file("grid.png"), dir);
+  EXPECT_EQ(r.status, 1);
+  EXPECT_EQ(r.err, "predict: error: --grid: " + why + " (for some of the test images in " + data.file("") + ")\n");
+  EXPECT_FALSE(fs::exists(dir.file("grid.png")));
+}
+
 // A stream that starts like no image (/dev/zero, given by mistake) is refused from its first
 // bytes: it used to be read to the 1 GiB limit first (17 s and 2.3 GB here), then refused
 // as too large, and under a memory limit it ran out of memory and stopped every image.
