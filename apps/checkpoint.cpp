@@ -456,6 +456,17 @@ CheckpointContents parse_checkpoint(const std::uint8_t* bytes, std::size_t size,
   return c;
 }
 
+bool is_checkpoint_file(const std::string& path) {
+  std::error_code ec;
+  if (path.empty() || !std::filesystem::is_regular_file(path, ec)) return false;
+  std::FILE* f = std::fopen(path.c_str(), "rb");
+  if (!f) return false;
+  char head[sizeof kMagic];
+  const bool whole = std::fread(head, 1, sizeof head, f) == sizeof head;
+  std::fclose(f);
+  return whole && std::memcmp(head, kMagic, sizeof kMagic) == 0;
+}
+
 CheckpointFile read_checkpoint(const std::string& path) {
   CheckpointFile f;
   f.path = path;

@@ -125,6 +125,11 @@ CheckpointContents parse_checkpoint(const std::uint8_t* bytes, std::size_t size,
 // pipe or a device is refused after its first bytes, not read to its end).
 CheckpointFile read_checkpoint(const std::string& path);
 
+// True when `path` is a regular file that starts as a checkpoint does (its 8-byte magic):
+// what an output other than --save must not be written over. Reads 8 bytes; false when the
+// file is missing, unreadable, shorter, or anything else.
+bool is_checkpoint_file(const std::string& path);
+
 // Copies parsed contents (`bytes`: the buffer they were parsed from) into `model`, and into
 // `optimizer`'s state() when not null, after checking ALL of it first: the architecture
 // equals model.architecture() (the message shows both), the optimizer is the one saved,

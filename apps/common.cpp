@@ -124,7 +124,7 @@ int exit_status_after_stdout(const char* program, int status) {
 std::string one_line(const std::string& s) {
   std::string r = s;
   for (char& c : r)
-    if (c == '\n' || c == '\r' || c == '\t') c = ' ';
+    if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) c = ' ';  // \n, \r, \t, \v, \f, ESC, ...
   return r;
 }
 

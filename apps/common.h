@@ -16,7 +16,8 @@ std::string default_data_dir();
 std::string hardware_description(Device device, int gpu_index);
 std::string cpu_model_name();
 
-// Newlines and tabs become spaces: errors print as one line.
+// Control characters (newline, tab, vertical tab, form feed, escape, ...) become spaces: errors
+// print as one line, and a file name cannot move the terminal's cursor.
 std::string one_line(const std::string& s);
 
 // Writes `text` to `path` atomically (apps/atomic_file.h: a temporary file in the same

@@ -134,7 +134,8 @@ static int run_main(int argc, char** argv) {
     if (flags.positional().empty() && grid.empty())
       throw apps::FlagError("give image files to classify, or --grid PATH (see --help)");
     // The grid PNG is written last, over whatever file --grid names: refused when that is the
-    // checkpoint, one of the images or one of the data files (the grid reads them first).
+    // checkpoint, one of the images or one of the data files (the grid reads them first), or
+    // any other checkpoint.
     if (!grid.empty()) {
       if (apps::same_file(grid, model_path))
         throw apps::FlagError("--grid " + grid + " and --model " + model_path +
@@ -146,6 +147,10 @@ static int run_main(int argc, char** argv) {
       const std::string file = apps::same_file_among(grid, apps::data_files_in(data_dir));
       if (!file.empty())
         throw apps::FlagError("--grid " + grid + " is the data file " + file + ": writing there would destroy the data");
+      if (apps::is_checkpoint_file(grid))
+        throw apps::FlagError("--grid " + grid +
+                              " is a microflow checkpoint: writing there would destroy it (remove it first if that is "
+                              "meant)");
     }
   } catch (const apps::FlagError& e) {
     std::fprintf(stderr, "predict: error: %s\n", e.what());

@@ -13,6 +13,7 @@
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -139,7 +140,7 @@ static int run_main(int argc, char** argv) {
   flags.add_int("batch-size", &o.batch_size, 1, 65536, "samples per step");
   flags.add_double("lr", &o.lr, 1e-8, 10.0, "learning rate");
   flags.add_string("optimizer", &o.optimizer, "optimizer", {"adam", "sgd"});
-  flags.add_double("momentum", &o.momentum, 0.0, 1.0, "SGD momentum", false);
+  flags.add_double("momentum", &o.momentum, 0.0, 1.0, "momentum of --optimizer sgd (Adam has none)", false);
   flags.add_double("validation-split", &o.validation_split, 0.0, 1.0,
                    "fraction of the training images held out (the LAST ones, as Keras does)", false);
   flags.add_int("seed", &o.seed, 0, INT64_MAX, "seed for the weights and the shuffles");
@@ -209,6 +210,14 @@ static int run_main(int argc, char** argv) {
                                       ": writing there would destroy the data");
       }
     }
+    // --plot and --metrics-json replace the file they name each epoch; a checkpoint there
+    // (a slip of the tab key: run.ckpt for run.png) would be lost for a picture.
+    for (const auto& [flag, out] : {std::pair<const char*, const std::string*>{"plot", &o.plot},
+                                    std::pair<const char*, const std::string*>{"metrics-json", &o.metrics_json}})
+      if (apps::is_checkpoint_file(*out))
+        throw std::invalid_argument(std::string("--") + flag + " " + *out +
+                                    " is a microflow checkpoint: writing there would destroy it (remove it first if "
+                                    "that is meant)");
     // A fresh run saving over an existing file would replace a trained model with one epoch
     // of a new run (or less: Ctrl-C saves too). Resuming that file, or --overwrite, says it
     // is meant. An empty file (made by mktemp, or by the shell for `--save /dev/stdout >
@@ -279,6 +288,11 @@ static int run_main(int argc, char** argv) {
         o.momentum = m.momentum;
       }
     }
+    // Adam has no momentum term (its beta_1 plays that part): a --momentum given with it would
+    // be ignored and still be written into the checkpoint.
+    if (flags.given("momentum") && o.optimizer != "sgd")
+      throw std::invalid_argument("--momentum applies to --optimizer sgd only; this run uses " + o.optimizer +
+                                  (o.resume.empty() ? "" : " (saved in " + o.resume + ")"));
 
     if (o.threads > 0) set_num_threads(static_cast<int>(o.threads));
     // ---- device ----
@@ -308,17 +322,26 @@ static int run_main(int argc, char** argv) {
     if (o.limit_train > 0 && o.limit_train < split.train.count)
       split.train = data::subset(split.train, 0, o.limit_train);
     if (split.train.count == 0) throw std::invalid_argument("no training images left after the validation split");
+    // As Keras: a split asked for must leave images on both sides (1e-300 of 60,000 rounds to none).
+    if (o.validation_split > 0 && split.validation.count == 0)
+      throw std::invalid_argument("--validation-split " + gnum(o.validation_split) + " leaves no validation images out of " +
+                                  std::to_string(mnist.train.count) + " (use 0 for none)");
 
     // ---- model ----
     stage = "building the model";
     oom_hint = "try a smaller --batch-size";
     // The article's model is for small images: its first Dense layer grows with the image's
     // area (4000x4000 images would give it 4 billion weights, 64 GB with Adam's state).
-    constexpr std::int64_t kMaxSide = 256;
-    if (mnist.train.rows > kMaxSide || mnist.train.cols > kMaxSide)
-      throw std::invalid_argument(mnist.dir + ": the images are " + std::to_string(mnist.train.rows) + "x" +
-                                  std::to_string(mnist.train.cols) + "; this model takes at most " +
-                                  std::to_string(kMaxSide) + "x" + std::to_string(kMaxSide) + " (MNIST's are 28x28)");
+    // At the other end, two 3x3 convolutions and two 2x2 poolings need 10 pixels a side:
+    // 10 -> 8 -> 4 -> 2 -> 1, where 9 -> 7 -> 3 -> 1 leaves the second pool no window.
+    constexpr std::int64_t kMaxSide = 256, kMinSide = 10;
+    const auto side_error = [&](const char* bound, std::int64_t side) {
+      return std::invalid_argument(mnist.dir + ": the images are " + std::to_string(mnist.train.rows) + "x" +
+                                   std::to_string(mnist.train.cols) + "; this model takes at " + bound + " " +
+                                   std::to_string(side) + "x" + std::to_string(side) + " (MNIST's are 28x28)");
+    };
+    if (mnist.train.rows > kMaxSide || mnist.train.cols > kMaxSide) throw side_error("most", kMaxSide);
+    if (mnist.train.rows < kMinSide || mnist.train.cols < kMinSide) throw side_error("least", kMinSide);
     // Images with channels (a 4-D IDX file: colour, or several planes per digit) widen the
     // first convolution only: 32 x 3 x 3 weights per channel.
     constexpr std::int64_t kMaxChannels = 64;
@@ -501,8 +524,14 @@ static int run_main(int argc, char** argv) {
     // exit_status_after_stdout reports that failure, with status 1.
     if (h.interrupted) return g_stop_signal.load() ? 128 + g_stop_signal.load() : 0;
     if (test.accuracy < o.min_accuracy) {
-      std::fprintf(stderr, "train_mnist: error: test accuracy %.4f is below --min-accuracy %.4f\n", test.accuracy,
-                   o.min_accuracy);
+      // Four decimals, or as many as it takes to show the two differ (0.10001 against 0.1).
+      int digits = 4;
+      char acc[40], bar[40];
+      do {
+        std::snprintf(acc, sizeof acc, "%.*f", digits, test.accuracy);
+        std::snprintf(bar, sizeof bar, "%.*f", digits, o.min_accuracy);
+      } while (std::strcmp(acc, bar) == 0 && ++digits <= 17);
+      std::fprintf(stderr, "train_mnist: error: test accuracy %s is below --min-accuracy %s\n", acc, bar);
       return 3;
     }
     return 0;

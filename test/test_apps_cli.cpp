@@ -10,6 +10,7 @@
 #include <unistd.h>
 #include <zlib.h>
 
+#include <algorithm>
 #include <chrono>
 #include <csignal>
 #include <thread>
@@ -272,8 +273,9 @@ TEST(Flags, ErrorsAreOneLine) {
   flags.add_int("n", &n, 1, 10, "");
   flags.add_double("x", &x, 0.0, 1.0, "");
   flags.add_string("s", &s, "", {"a", "b"});
-  for (std::vector<std::string> args : {std::vector<std::string>{"--n", "1\n2"}, {"--n", "99\n"}, {"--x", "0.5\r\n"},
-                                        {"--s", "a\nb"}, {"--what\never"}, {"stray\narg"}}) {
+  for (std::vector<std::string> args :
+       {std::vector<std::string>{"--n", "1\n2"}, {"--n", "99\n"}, {"--x", "0.5\r\n"}, {"--s", "a\nb"},
+        {"--what\never"}, {"stray\narg"}, {"--n", "1\v"}, {"--s", "a\fb"}, {"--x", "\x1b[2J"}}) {
     std::vector<char*> argv{const_cast<char*>("prog")};
     for (auto& a : args) argv.push_back(a.data());
     try {
@@ -281,7 +283,9 @@ TEST(Flags, ErrorsAreOneLine) {
       ADD_FAILURE() << "expected a FlagError for " << args[0];
     } catch (const apps::FlagError& e) {
       const std::string w = e.what();
-      EXPECT_EQ(w.find_first_of("\n\r"), std::string::npos) << w;
+      // No control character: a terminal shows \v and \f as line breaks, and ESC starts a command.
+      EXPECT_TRUE(std::none_of(w.begin(), w.end(), [](char c) { return static_cast<unsigned char>(c) < 0x20 || c == 0x7f; }))
+          << w;
     }
   }
 }
@@ -381,7 +385,7 @@ TEST(TrainMnistCli, BadDataGivesOneLine) {
   fs::resize_file(dir.file("train-images-idx3-ubyte"), 16 + 28 * 28 * 5 + 100);
   expect_one_line_error("--device cpu --data " + dir.file(""), "train-images-idx3-ubyte", kError);
   // Valid files of two 4000x4000 images: refused before a model of 4 billion weights is built.
-  TempDir big;
+  TempDir big("_big");
   const std::vector<std::uint8_t> huge(2 * 4000 * 4000, 0), two(2, 1);
   for (const char* set : {"train", "t10k"}) {
     data::write_idx(big.file(std::string(set) + "-images-idx3-ubyte.gz"), {2, 4000, 4000}, huge, true);
@@ -389,6 +393,32 @@ TEST(TrainMnistCli, BadDataGivesOneLine) {
   }
   expect_one_line_error("--device cpu --validation-split 0 --data " + big.file(""),
                         "the images are 4000x4000; this model takes at most 256x256 (MNIST's are 28x28)", kError);
+  // Too small for the two poolings: named as the images' fault, not as a layer's error. 10x10
+  // is the least that trains (10 -> 8 -> 4 -> 2 -> 1).
+  for (const auto& [rows, cols] : {std::pair<std::uint32_t, std::uint32_t>{9, 9}, {10, 9}, {3, 40}, {10, 10}}) {
+    SCOPED_TRACE(std::to_string(rows) + "x" + std::to_string(cols));
+    TempDir small("_" + std::to_string(rows) + "x" + std::to_string(cols));
+    const std::vector<std::uint8_t> pixels(20 * rows * cols, 7);
+    for (const char* set : {"train", "t10k"}) {
+      data::write_idx(small.file(std::string(set) + "-images-idx3-ubyte"), {20, rows, cols}, pixels, false);
+      data::write_idx(small.file(std::string(set) + "-labels-idx1-ubyte"), {20}, lab, false);
+    }
+    const std::string args = "--device cpu --quiet --epochs 1 --data " + small.file("");
+    if (rows < 10 || cols < 10) {
+      expect_one_line_error(args, small.file("") + ": the images are " + std::to_string(rows) + "x" +
+                                      std::to_string(cols) + "; this model takes at least 10x10 (MNIST's are 28x28)",
+                            kError);
+    } else {
+      const RunResult r = run_program(MF_TRAIN_MNIST_BIN, args, small);
+      EXPECT_EQ(r.status, 0) << r.err;
+      EXPECT_NE(r.out.find("Test accuracy"), std::string::npos) << r.out;
+    }
+  }
+  // A split asked for that leaves no validation image (1 - 1e-300 rounds to 1) is refused, as
+  // Keras refuses it; 0 asks for none.
+  write_tiny_mnist(dir);
+  expect_one_line_error("--device cpu --data " + dir.file("") + " --validation-split 1e-300",
+                        "--validation-split 1e-300 leaves no validation images out of 20 (use 0 for none)", kError);
 }
 
 // Images with channels, in 4-D IDX files named idx4-ubyte: the model's first convolution
@@ -566,6 +596,37 @@ TEST(TrainMnistCli, OutputsNamingTheSameFileAreRefused) {
   // --save on --resume's file is how a run goes on: refused here only for the bad checkpoint.
   expect_one_line_error("--data /nonexistent/mnist --resume " + ckpt + " --save " + ckpt,
                         "not a microflow checkpoint", kError);
+}
+
+// --plot and --metrics-json replace their file every epoch: one that names a checkpoint (any
+// checkpoint, not only this run's --save or --resume) is refused before anything is read, and
+// the checkpoint is left whole; a file that is not a checkpoint (last run's plot) is replaced
+// as before. predict --grid is held to the same.
+TEST(TrainMnistCli, PlotOrMetricsOverACheckpointIsRefused) {
+  TempDir dir;
+  const std::string ckpt = dir.file("run.ckpt"), old_plot = dir.file("old.png");
+  SavedRun run = saved_after_one_epoch();
+  apps::save_checkpoint(ckpt, run.model, run.model.optimizer(), run.meta);
+  const std::string before = apps::read_file_bytes(ckpt);
+  fs::create_symlink(ckpt, dir.file("link.ckpt"));
+  for (const char* flag : {"plot", "metrics-json"})
+    for (const std::string& path : {ckpt, dir.file("link.ckpt")}) {
+      SCOPED_TRACE(std::string(flag) + " " + path);
+      const std::string f = std::string("--") + flag + " " + path;
+      expect_one_line_error("--data /nonexistent/mnist " + f,
+                            f + " is a microflow checkpoint: writing there would destroy it", kError);
+    }
+  EXPECT_TRUE(apps::read_file_bytes(ckpt) == before) << "the checkpoint was changed";
+  // Not a checkpoint: the check lets it through (the run stops at the missing data).
+  std::ofstream(old_plot) << "MFCKP, almost";
+  expect_one_line_error("--data /nonexistent/mnist --plot " + old_plot, "/nonexistent/mnist", kError);
+#if MF_WITH_STB && defined(MF_PREDICT_BIN)
+  const RunResult r = run_program(MF_PREDICT_BIN, "--model " + old_plot + " --grid " + ckpt, dir);
+  EXPECT_EQ(r.status, kBadFlag);
+  EXPECT_EQ(r.err, "predict: error: --grid " + ckpt + " is a microflow checkpoint: writing there would destroy it "
+                   "(remove it first if that is meant)\n");
+  EXPECT_TRUE(apps::read_file_bytes(ckpt) == before) << "the checkpoint was changed";
+#endif
 }
 
 // --save on an existing file that the run does not resume would replace a trained model
@@ -792,12 +853,49 @@ TEST(TrainMnistCli, SgdRunsResumeAndMissingMinAccuracyExitsWith3) {
 
   expect_one_line_error(args + " --epochs 2 --resume " + ckpt + " --optimizer adam",
                         "--optimizer adam differs from the optimizer SGD the run was saved with", kError);
+  // Adam has no momentum: --momentum with it would be ignored, and is refused, fresh or resumed.
+  expect_one_line_error("--data " + dir.file("") + " --momentum 0.9",
+                        "--momentum applies to --optimizer sgd only; this run uses adam", kError);
   r = run_program(MF_TRAIN_MNIST_BIN, "--device cpu --quiet --epochs 2 --data " + dir.file("") + " --resume " + ckpt +
                                           " --save " + ckpt,
                   dir);
   EXPECT_EQ(r.status, 0) << r.err;
   EXPECT_NE(r.out.find("SGD(lr=0.01, momentum=0.9)"), std::string::npos) << "the saved settings: " << r.out;
   EXPECT_EQ(apps::read_checkpoint(ckpt).contents.meta.epoch, 2);
+}
+
+// A test accuracy just under --min-accuracy is printed with the digits that show it is under
+// ("0.5000 is below 0.5000" said nothing). The model answers 3 for every image (its last
+// bias for 3 is 1000) and half the test labels are 3: the accuracy is 0.5 exactly.
+TEST(TrainMnistCli, MinAccuracyErrorShowsTheDigitsThatDiffer) {
+  TempDir dir;
+  write_tiny_mnist(dir);
+  std::vector<std::uint8_t> labels(20, 3);
+  for (std::size_t i = 0; i < labels.size(); i += 2) labels[i] = 5;
+  data::write_idx(dir.file("t10k-labels-idx1-ubyte"), {20}, labels, false);
+  const std::string ckpt = dir.file("threes.ckpt");
+  SavedRun run = saved_after_one_epoch();
+  Parameter* bias = run.model.parameters().back();  // dense_1: kernel, then bias
+  ASSERT_EQ(bias->name, "bias");
+  bias->value.data<float>()[3] = 1000.0f;
+  apps::save_checkpoint(ckpt, run.model, run.model.optimizer(), run.meta);
+  // Each run goes on from epoch 1 in a copy of its own (the run saves epoch 2 into it).
+  auto run_with_bar = [&](const std::string& bar) {
+    const std::string copy = dir.file("run-" + bar + ".ckpt");
+    fs::copy_file(ckpt, copy);
+    return run_program(MF_TRAIN_MNIST_BIN, "--device cpu --quiet --data " + dir.file("") + " --resume " + copy +
+                                               " --save " + copy + " --epochs 2 --min-accuracy " + bar,
+                       dir);
+  };
+  RunResult r = run_with_bar("0.50001");
+  EXPECT_EQ(r.status, 3) << r.err;
+  EXPECT_EQ(r.err, "train_mnist: error: test accuracy 0.50000 is below --min-accuracy 0.50001\n");
+  r = run_with_bar("0.75");  // four decimals when they differ there
+  EXPECT_EQ(r.status, 3) << r.err;
+  EXPECT_EQ(r.err, "train_mnist: error: test accuracy 0.5000 is below --min-accuracy 0.7500\n");
+  r = run_with_bar("0.5");
+  EXPECT_EQ(r.status, 0) << r.err;
+  EXPECT_EQ(r.err, "");
 }
 
 // Running out of host memory names what was being done and what to try, in one line, instead
