@@ -78,6 +78,7 @@ std::uint32_t le16(const std::uint8_t* p) { return std::uint32_t{p[0]} | (std::u
 struct PngChunks {
   std::string cut;            // "" when every chunk is whole, else where the file ends
   std::string bad_crc;        // the first chunk stb uses whose CRC does not match, or ""
+  std::string bad_length;     // a chunk whose length is over the format's 2^31 - 1, or ""
   bool colour_key = false;    // a tRNS chunk: one grey level or colour is transparent
 };
 
@@ -91,6 +92,8 @@ PngChunks png_chunks(const std::uint8_t* p, std::size_t size) {
     const std::string type(reinterpret_cast<const char*>(p + pos + 4), 4);
     for (const char c : type)
       if (!std::isalpha(static_cast<unsigned char>(c))) return r;  // corrupt, not cut: stb says so
+    // The format caps a chunk at 2^31 - 1 bytes: a length beyond is damage, not a cut.
+    if (be32(p + pos) > 0x7fffffffu) return r.bad_length = type, r;
     const std::uint64_t end = pos + 12 + be32(p + pos);
     if (end > size) return r.cut = has + "inside its " + type + " chunk, which ends at byte " + std::to_string(end), r;
     // The CRC covers the type and the data. As libpng does, a bad one is an error in a
@@ -310,6 +313,9 @@ GrayImage decode_gray_image(const std::uint8_t* bytes, std::size_t size, const s
   if (format == Format::kPng) {
     png = png_chunks(bytes, size);
     if (!png.cut.empty()) throw ImageError(name, "truncated PNG: " + png.cut);
+    if (!png.bad_length.empty())
+      throw ImageError(name, "corrupt PNG: its " + png.bad_length +
+                                 " chunk's length is over 2^31 - 1 bytes, more than the format allows");
     if (!png.bad_crc.empty())
       throw ImageError(name, "corrupt PNG: the checksum (CRC) of its " + png.bad_crc +
                                  " chunk does not match its contents (a damaged copy or download?)");

@@ -315,6 +315,13 @@ TEST(Images, PngWithADamagedChunkIsRefused) {
     EXPECT_EQ(image_error(path), path + ": corrupt PNG: the checksum (CRC) of its " + chunk +
                                      " chunk does not match its contents (a damaged copy or download?)");
   }
+  // A length field with its top bit set (over the format's 2^31 - 1) is damage, not a cut.
+  std::string long_idat = png;
+  long_idat[idat - 4] = static_cast<char>(long_idat[idat - 4] | 0x80);
+  save_bytes(dir.file("long.png"), long_idat);
+  EXPECT_EQ(image_error(dir.file("long.png")),
+            dir.file("long.png") + ": corrupt PNG: its IDAT chunk's length is over 2^31 - 1 bytes, more than the "
+                                   "format allows");
   std::string text = png_chunk("tEXt", std::string("Comment\0drawn by hand", 22));
   text[text.size() - 1] = static_cast<char>(text.back() ^ 1);
   save_bytes(dir.file("text.png"), png_of(d, 0, text));
