@@ -26,7 +26,8 @@ struct Parameter {
   std::string name;  // "kernel" or "bias", as Keras names them
   Tensor value;      // f32: the master copy
   Tensor grad;       // same shape as value; dtype of the compute (f32, or f16 in --fp16 on the GPU)
-  Tensor half;       // f16 copy of value for FP16 compute; undefined in FP32
+  Tensor half;       // f16 copy of value for FP16 compute (Sequential remakes it from value
+                     // before it computes); undefined in FP32
 };
 
 enum class Activation { kNone, kRelu };

@@ -27,6 +27,7 @@ History Sequential::fit_gpu(const data::Dataset&, const data::Dataset*, const Fi
 EvalResult Sequential::evaluate_gpu(const data::Dataset&, std::int64_t) {
   throw NoGpuError("evaluating on the GPU: microflow was built without CUDA (CPU-only build)");
 }
+void Sequential::refresh_half_weights() {}  // no FP16 without a GPU
 }  // namespace mf
 #endif
 
@@ -294,6 +295,7 @@ void Sequential::compile(std::unique_ptr<Optimizer> optimizer) {
 
 const Tensor& Sequential::forward(const Tensor& x) {
   if (layers_.empty()) throw std::logic_error("Sequential::forward of an empty model");
+  refresh_half_weights();
   const Tensor* h = &x;
   std::vector<const void*> outputs;  // only when a GPU trainer exists, whose graphs may hold them
   for (auto& l : layers_) {

@@ -129,6 +129,11 @@ class Sequential {
   Device device() const { return device_; }
   void set_compute_dtype(DType dtype);
   DType compute_dtype() const { return compute_dtype_; }
+  // Mixed precision: the layers compute with f16 copies of the weights (Parameter::half).
+  // This remakes them from the f32 masters (value), queued on the compute stream; forward(),
+  // fit(), evaluate() and predict() call it first, so weights loaded with value.copy_from()
+  // are the ones used. Nothing to do in FP32.
+  void refresh_half_weights();
   void set_training(bool training);
 
   // Attaches the optimizer (it packs the parameters into flat buffers on the model's

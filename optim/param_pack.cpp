@@ -35,8 +35,10 @@ ParamPack::ParamPack(const std::vector<Parameter*>& params) {
     g.copy_from(p->grad);
     p->grad = g;
     if (mixed) {
+      // Made from the master (as the optimizer's steps remake it), not copied from the old
+      // half: a value loaded with copy_from() since set_compute_dtype() is in the master only.
       Tensor h = halves_.slice(off, off + n).reshape(shape);
-      h.copy_from(p->half);
+      h.copy_from(v.to(DType::kF16));
       p->half = h;
     }
     off += align_up(n);

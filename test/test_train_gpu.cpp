@@ -464,6 +464,82 @@ TEST(TrainGpu, EvaluateMatchesTheCpu) {
   EXPECT_TRUE(std::isnan(none.loss) && std::isnan(none.accuracy)) << none.loss << " " << none.accuracy;
 }
 
+// Weights loaded into the f32 masters with value.copy_from() (as layer.h and sequential.h
+// say to load them) are the ones an FP16 model computes with, loaded after compile() or
+// between set_compute_dtype() and compile(): evaluate, predict and fit remake the f16 copies
+// from the masters. They used the old copies until a training step remade them, and a
+// compile() after the copy kept the old ones too.
+TEST(TrainGpu, WeightsCopiedIntoTheMastersAreUsedInFp16) {
+  MF_SKIP_WITHOUT_GPU();
+  ConvOptionsGuard options(/*find=*/false, /*fma_only=*/true);
+  const mf::data::Dataset d = synthetic(300, 3);
+  Sequential want = gpu_model(1, DType::kF16);  // built with these weights
+  std::vector<Tensor> w;
+  for (mf::Parameter* p : want.parameters()) w.push_back(p->value.to(Device::kCpu));
+  const auto load = [&w](Sequential& m) {
+    const auto params = m.parameters();
+    for (std::size_t i = 0; i < params.size(); ++i) params[i]->value.copy_from(w[i]);
+  };
+  Sequential after = gpu_model(2, DType::kF16);
+  load(after);
+  mf::Rng rng(3);
+  Sequential before = Sequential::mnist_cnn(rng);
+  before.to(Device::kGpu);
+  before.set_compute_dtype(DType::kF16);
+  load(before);
+  before.compile(std::make_unique<mf::Adam>());
+
+  const mf::EvalResult e = want.evaluate(d, 100);
+  Tensor x = Tensor::empty(mf::Shape{64, 28, 28, 1});
+  for (std::int64_t i = 0; i < x.numel(); ++i) x.data<float>()[i] = static_cast<float>(d.images[i]) / 255.0f;
+  const std::vector<float> p = want.predict(x).to_vector();
+  FitOptions o;
+  o.epochs = 1;
+  o.batch_size = 50;
+  o.seed = 5;
+  const History h = want.fit(d, nullptr, o);
+  for (Sequential* m : {&after, &before}) {
+    SCOPED_TRACE(m == &after ? "loaded after compile()" : "loaded before compile()");
+    // The same f16 weights and kernels: the same numbers, to the bit.
+    const mf::EvalResult got = m->evaluate(d, 100);
+    EXPECT_EQ(got.loss, e.loss);
+    EXPECT_EQ(got.accuracy, e.accuracy);
+    EXPECT_EQ(m->predict(x).to_vector(), p);
+    // Training goes on from them: the first step's gradient is taken at the loaded weights.
+    const History got_h = m->fit(d, nullptr, o);
+    EXPECT_NEAR(got_h.epochs[0].loss, h.epochs[0].loss, 1e-4);
+    EXPECT_TRUE(all_close(weights_of(*m), weights_of(want), kSameStepsFp16));
+  }
+}
+
+// A dataset edited in place (the same vectors; one pixel of one image changed) is uploaded
+// again: the device copy is keyed by a hash of every byte. A hash of a sample of the pixels
+// missed this pixel, and the GPU evaluated the old image. The first layer's weights are
+// scaled by 100 (the biases are zero, and ReLU and max-pooling commute with a positive
+// scale: every logit is 100 times its old self) so that one pixel moves the mean loss well
+// beyond the CPU-GPU tolerance.
+TEST(TrainGpu, DataEditedInPlaceIsUploadedAgain) {
+  MF_SKIP_WITHOUT_GPU();
+  ConvOptionsGuard options(/*find=*/true, /*fma_only=*/true);
+  mf::data::Dataset d = synthetic(100, 8);
+  mf::Rng rng(9);
+  Sequential m = Sequential::mnist_cnn(rng);
+  float* k = m.parameters()[0]->value.data<float>();
+  for (std::int64_t i = 0; i < m.parameters()[0]->value.numel(); ++i) k[i] *= 100.0f;
+  const double before = m.evaluate(d, 50).loss;
+  const std::size_t pixel = 50 * 28 * 28 + 14 * 28 + 14;  // image 50, row 14, column 14
+  const std::uint8_t was = d.images[pixel], edited = was < 128 ? 255 : 0;
+  d.images[pixel] = edited;
+  const mf::EvalResult cpu = m.evaluate(d, 50);
+  m.to(Device::kGpu);
+  d.images[pixel] = was;  // back as it was: the GPU copies this
+  EXPECT_NEAR(m.evaluate(d, 50).loss, before, 1e-5 * before);
+  d.images[pixel] = edited;  // edited again, in place
+  const mf::EvalResult gpu = m.evaluate(d, 50);
+  ASSERT_GT(std::fabs(cpu.loss - before), 1e-3 * before) << "the edit must matter for the test to mean anything";
+  EXPECT_NEAR(gpu.loss, cpu.loss, 1e-5 * cpu.loss) << "before the edit: " << before;
+}
+
 // ---- device memory -------------------------------------------------------------------------
 
 TEST(TrainGpu, MemoryLimitNamesTheTensorAndSuggestsAFix) {
