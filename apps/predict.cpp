@@ -119,7 +119,7 @@ static int run_main(int argc, char** argv) {
                                "fit 20x20 and centred by its centre of mass in 28x28.\n"
                                "Exit status: 0 done; 1 an image, the checkpoint, the data or the device could not be\n"
                                "used (an image that cannot be read is reported and the others are classified);\n"
-                               "2 a bad flag.");
+                               "2 a flag that cannot be parsed, or a --grid file it must not replace.");
   flags.allow_positional("IMAGE");
   flags.add_string("model", &model_path, "checkpoint to load (train_mnist --save)");
   flags.add_int("top", &top, 1, 10, "classes to print per image");

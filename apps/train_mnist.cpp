@@ -132,8 +132,10 @@ static int run_main(int argc, char** argv) {
   apps::Flags flags("train_mnist", "[flags]\n\nTrains the MNIST CNN of the article (Conv32-Pool-Conv64-Pool-Dense64-Dense10)\n"
                                    "with Adam and reports Keras-style progress and the test accuracy.\n"
                                    "Exit status: 0 done; 1 an error in the data, a file, the device or the\n"
-                                   "training; 2 a bad flag; 3 test accuracy below --min-accuracy; 130 stopped by Ctrl-C,\n"
-                                   "143 by SIGTERM, 129 by SIGHUP (with --save, after saving the run).");
+                                   "training, or flags that contradict each other or the checkpoint; 2 a flag that cannot\n"
+                                   "be parsed (unknown, or a missing or out-of-range value); 3 test accuracy below\n"
+                                   "--min-accuracy; 130 stopped by Ctrl-C, 143 by SIGTERM, 129 by SIGHUP (with --save,\n"
+                                   "after saving the run).");
   flags.add_string("device", &o.device, "where to train", {"auto", "cpu", "gpu"});
   flags.add_string("data", &o.data_dir, "folder with the four MNIST IDX files (raw or .gz; 4-D image files for images with channels); $MF_DATA_DIR sets the default");
   flags.add_int("epochs", &o.epochs, 1, 1000, "training epochs");
