@@ -36,10 +36,11 @@ def seed_list(text):
     """ "0-19,37" -> [0, 1, ..., 19, 37]; argparse's type for --seeds (fp16_drift.py uses it too)."""
     seeds = []
     for part in text.split(","):
-        lo, _, hi = part.partition("-")
-        if not lo.isdigit() or not (hi or lo).isdigit() or int(hi or lo) < int(lo):
+        lo, dash, hi = part.partition("-")
+        hi = hi if dash else lo  # "3-" is half a range, not seed 3
+        if not lo.isdigit() or not hi.isdigit() or int(hi) < int(lo):
             raise argparse.ArgumentTypeError(f"expected seeds such as 0-63 or 0-3,10, got {text!r}")
-        seeds.extend(range(int(lo), int(hi or lo) + 1))
+        seeds.extend(range(int(lo), int(hi) + 1))
     return seeds
 
 
@@ -99,6 +100,17 @@ def main():
         runs.append(("pytorch", lambda s: pytorch(args.anchor, args.data, s, args.epochs, args.threads)))
     if not runs:
         ap.error("nothing to run: --no-microflow without --pytorch")
+    # What would stop the study after its hours of training is looked at before it starts.
+    if not args.no_microflow and not os.access(args.train_mnist, os.X_OK):
+        sys.exit(f"accuracy_over_seeds: error: {args.train_mnist} is not an executable train_mnist "
+                 "(build it first, or give --train-mnist)")
+    if args.pytorch and not os.path.isfile(args.anchor):
+        sys.exit(f"accuracy_over_seeds: error: the PyTorch anchor {args.anchor} is missing (give --anchor)")
+    if args.csv:
+        folder = os.path.dirname(os.path.abspath(args.csv))
+        if not os.path.isdir(folder) or not os.access(folder, os.W_OK) or os.path.isdir(args.csv):
+            sys.exit(f"accuracy_over_seeds: error: --csv {args.csv}: cannot write there "
+                     f"({'a folder' if os.path.isdir(args.csv) else 'no writable folder ' + folder})")
 
     header = ["seed"] + [f"{name}_{col}" for name, _ in runs for col in (f"test_{args.epochs}ep", "val_ep1")]
     rows, results = [], {name: [] for name, _ in runs}

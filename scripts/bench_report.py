@@ -77,7 +77,7 @@ class Results:
             except (OSError, ValueError) as e:
                 print(f"bench_report: skipping {path}: {e}", file=sys.stderr)
                 continue
-            if "benchmarks" not in data:
+            if not isinstance(data, dict) or "benchmarks" not in data:
                 continue
             self.files.append(path)
             for k, v in data.get("context", {}).items():
@@ -485,9 +485,17 @@ def gpu_epoch(res, batch, dev="gpu_fp32", mode="graph", pipeline="resident"):
 
 
 def report(out_dir, more_dirs=()):
+    # A folder to read that is not there is a typo, not half a report; OUT_DIR, where the
+    # report goes, is made when the results come from the other folders.
+    for d in more_dirs:
+        if not os.path.isdir(d):
+            sys.exit(f"bench_report: error: {d} is not a folder")
+    if os.path.exists(out_dir) and not os.path.isdir(out_dir):
+        sys.exit(f"bench_report: error: {out_dir} is not a folder")
     res = Results([out_dir] + list(more_dirs))
     if not res.rows:
         sys.exit(f"bench_report: no benchmark JSON in {', '.join([out_dir] + list(more_dirs))}")
+    os.makedirs(out_dir, exist_ok=True)
     NO_GPU_MODE[0] = not res.gpu_measured()
     gpu_reason = res.gpu_skip_reason()
     ctx = res.context

@@ -153,11 +153,21 @@ def main():
     ap.add_argument("--epochs", type=int, default=1)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--limit-train", type=int, default=48000,
-                    help="train on the first N of the 48,000 training images (64: one step, the initial weights' loss)")
+                    help="train on the first N of the 48,000 training images (64: one step, the initial weights' "
+                         "loss; 0: all)")
     ap.add_argument("--check", type=float, default=0.0,
                     help="exit 1 if any loss differs by more than this, relative (0: only print)")
     ap.add_argument("--train-mnist", default=os.path.join(os.path.dirname(__file__), "..", "build", "bin", "train_mnist"))
     args = ap.parse_args()
+    if args.threads < 1:
+        ap.error(f"--threads must be 1 or more, got {args.threads}")
+    if args.epochs < 1:
+        ap.error(f"--epochs must be 1 or more, got {args.epochs}")
+    if args.limit_train < 0:
+        ap.error(f"--limit-train must be 0 (all) or more, got {args.limit_train}")
+    if not os.access(args.train_mnist, os.X_OK):
+        sys.exit(f"compare_with_pytorch: error: {args.train_mnist} is not an executable train_mnist "
+                 "(build it first, or give --train-mnist)")
     torch.set_num_threads(args.threads)
     # PyTorch's own convolutions (im2col and the system BLAS), not oneDNN's: Debian's PyTorch
     # 1.13 (oneDNN 2.6.3) picks oneDNN's AVX2 kernels on a CPU without AVX-512, and their
@@ -197,7 +207,7 @@ def main():
     ytr = read_idx(args.data, ["train-labels-idx1-ubyte", "train-labels.idx1-ubyte"])
     xte = read_idx(args.data, ["t10k-images-idx3-ubyte", "t10k-images.idx3-ubyte"])
     yte = read_idx(args.data, ["t10k-labels-idx1-ubyte", "t10k-labels.idx1-ubyte"])
-    n_train = min(args.limit_train, 48000)
+    n_train = min(args.limit_train or 48000, 48000)  # 0: all, as train_mnist reads it
     x_train, y_train = to_x(xtr[:n_train]), torch.from_numpy(ytr[:n_train].astype(np.int64))
     x_val, y_val = to_x(xtr[48000:]), torch.from_numpy(ytr[48000:].astype(np.int64))
     x_test, y_test = to_x(xte), torch.from_numpy(yte.astype(np.int64))

