@@ -84,6 +84,15 @@ void write_tiny_mnist(const TempDir& dir) {
   data::write_idx(dir.file("t10k-labels-idx1-ubyte"), {20}, lab, false);
 }
 
+// write_tiny_mnist, with every other test label 5 (the rest 3): a model that answers one
+// class for the alike images scores 0.5 at most.
+void write_tiny_mnist_half_threes(const TempDir& dir) {
+  write_tiny_mnist(dir);
+  std::vector<std::uint8_t> labels(20, 3);
+  for (std::size_t i = 0; i < labels.size(); i += 2) labels[i] = 5;
+  data::write_idx(dir.file("t10k-labels-idx1-ubyte"), {20}, labels, false);
+}
+
 // MNIST files in `dir` with n blank training images (label 3), a sparse file: its size is
 // right but it takes no disk. With 2,000,000 images (1.5 GB) reading it has to allocate the
 // 1.5 GB first, which fails under a 1 GB address-space limit.
@@ -832,10 +841,7 @@ TEST(TrainMnistCli, ResumeRefusesFlagsAndCheckpointsItCannotContinueWith) {
 // are another class: the accuracy is at most 0.5.
 TEST(TrainMnistCli, SgdRunsResumeAndMissingMinAccuracyExitsWith3) {
   TempDir dir;
-  write_tiny_mnist(dir);
-  std::vector<std::uint8_t> labels(20, 3);
-  for (std::size_t i = 0; i < labels.size(); i += 2) labels[i] = 5;
-  data::write_idx(dir.file("t10k-labels-idx1-ubyte"), {20}, labels, false);
+  write_tiny_mnist_half_threes(dir);
   const std::string ckpt = dir.file("sgd.ckpt"), json = dir.file("sgd.json");
   const std::string args = "--device cpu --quiet --epochs 1 --data " + dir.file("") + " --save " + ckpt;
   RunResult r = run_program(MF_TRAIN_MNIST_BIN,
@@ -869,10 +875,7 @@ TEST(TrainMnistCli, SgdRunsResumeAndMissingMinAccuracyExitsWith3) {
 // bias for 3 is 1000) and half the test labels are 3: the accuracy is 0.5 exactly.
 TEST(TrainMnistCli, MinAccuracyErrorShowsTheDigitsThatDiffer) {
   TempDir dir;
-  write_tiny_mnist(dir);
-  std::vector<std::uint8_t> labels(20, 3);
-  for (std::size_t i = 0; i < labels.size(); i += 2) labels[i] = 5;
-  data::write_idx(dir.file("t10k-labels-idx1-ubyte"), {20}, labels, false);
+  write_tiny_mnist_half_threes(dir);
   const std::string ckpt = dir.file("threes.ckpt");
   SavedRun run = saved_after_one_epoch();
   Parameter* bias = run.model.parameters().back();  // dense_1: kernel, then bias
