@@ -16,6 +16,7 @@
 #include <sstream>
 
 #include "apps/atomic_file.h"
+#include "apps/common.h"
 #include "kernels/gpu_runtime.h"
 
 namespace mf::apps {
@@ -49,12 +50,6 @@ void put_str(std::string& out, const std::string& s) {
   out += s;
 }
 
-std::string clean(const std::string& s) {  // meta values stay on one line, with no control byte
-  std::string r = s;
-  for (char& c : r)
-    if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) c = ' ';
-  return r;
-}
 std::string num(double v) {
   char b[40];
   std::snprintf(b, sizeof b, "%.17g", v);
@@ -70,10 +65,10 @@ std::string utc_now() {
 std::string encode_meta(const CheckpointMeta& m) {
   std::ostringstream os;
   os << "epoch=" << m.epoch << "\npartial_epoch=" << (m.partial_epoch ? 1 : 0) << "\nseed=" << m.seed
-     << "\nbatch_size=" << m.batch_size << "\nfp16=" << (m.fp16 ? 1 : 0) << "\noptimizer=" << clean(m.optimizer)
-     << "\noptimizer_config=" << clean(m.optimizer_config) << "\nlr=" << num(m.lr) << "\nmomentum=" << num(m.momentum)
+     << "\nbatch_size=" << m.batch_size << "\nfp16=" << (m.fp16 ? 1 : 0) << "\noptimizer=" << one_line(m.optimizer)
+     << "\noptimizer_config=" << one_line(m.optimizer_config) << "\nlr=" << num(m.lr) << "\nmomentum=" << num(m.momentum)
      << "\nvalidation_split=" << num(m.validation_split) << "\nlimit_train=" << m.limit_train
-     << "\niterations=" << m.iterations << "\ndevice=" << clean(m.device) << "\ncreated=" << clean(m.created) << "\n";
+     << "\niterations=" << m.iterations << "\ndevice=" << one_line(m.device) << "\ncreated=" << one_line(m.created) << "\n";
   // One line per epoch: epoch loss accuracy val_loss val_accuracy train_seconds steps samples.
   for (const EpochLog& e : m.history)
     os << "history=" << e.epoch << " " << num(e.loss) << " " << num(e.accuracy) << " " << num(e.val_loss) << " "
@@ -116,7 +111,7 @@ class Reader {
     return v;
   }
   // A length-prefixed string. No checkpoint holds a control byte in one (the meta's lines
-  // end in '\n'; clean() keeps the others out): one there is damage, and printed in a
+  // end in '\n'; one_line() keeps the others out of its values): one there is damage, and printed in a
   // message it would cut it short (NUL) or reach the terminal (ESC).
   std::string str(std::size_t max_len, const char* what, bool lines = false) {
     const std::uint32_t n = u32(what);

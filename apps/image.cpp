@@ -109,6 +109,7 @@ PngChunks png_chunks(const std::uint8_t* p, std::size_t size) {
     pos = end;
   }
 }
+
 // Whether a JPEG ends before its end-of-image marker (FF D9), which stb 2.27 requires too
 // (reporting "expected marker", or another format's complaint when the cut is in the
 // header). Marker segments are skipped by their length.

@@ -210,16 +210,15 @@ static int run_main(int argc, char** argv) {
         if (!file.empty())
           throw std::invalid_argument(std::string("--") + flag + " " + *out + " is the data file " + file +
                                       ": writing there would destroy the data");
+        // --plot and --metrics-json replace their file each epoch; a checkpoint there (a slip
+        // of the tab key: run.ckpt for run.png) would be lost for a picture. (--save on an
+        // existing file is judged below.)
+        if (out != &o.save && apps::is_checkpoint_file(*out))
+          throw std::invalid_argument(std::string("--") + flag + " " + *out +
+                                      " is a microflow checkpoint: writing there would destroy it (remove it first "
+                                      "if that is meant)");
       }
     }
-    // --plot and --metrics-json replace the file they name each epoch; a checkpoint there
-    // (a slip of the tab key: run.ckpt for run.png) would be lost for a picture.
-    for (const auto& [flag, out] : {std::pair<const char*, const std::string*>{"plot", &o.plot},
-                                    std::pair<const char*, const std::string*>{"metrics-json", &o.metrics_json}})
-      if (apps::is_checkpoint_file(*out))
-        throw std::invalid_argument(std::string("--") + flag + " " + *out +
-                                    " is a microflow checkpoint: writing there would destroy it (remove it first if "
-                                    "that is meant)");
     // A fresh run saving over an existing file would replace a trained model with one epoch
     // of a new run (or less: Ctrl-C saves too). Resuming that file, or --overwrite, says it
     // is meant. An empty file (made by mktemp, or by the shell for `--save /dev/stdout >

@@ -294,8 +294,12 @@ void Sequential::compile(std::unique_ptr<Optimizer> optimizer) {
 }
 
 const Tensor& Sequential::forward(const Tensor& x) {
-  if (layers_.empty()) throw std::logic_error("Sequential::forward of an empty model");
   refresh_half_weights();
+  return forward_layers(x);
+}
+
+const Tensor& Sequential::forward_layers(const Tensor& x) {
+  if (layers_.empty()) throw std::logic_error("Sequential::forward of an empty model");
   const Tensor* h = &x;
   std::vector<const void*> outputs;  // only when a GPU trainer exists, whose graphs may hold them
   for (auto& l : layers_) {
@@ -563,13 +567,14 @@ Tensor Sequential::predict(const Tensor& x, std::int64_t batch_size) {
   InferenceMode inference(*this);
   std::vector<float> probs;
   const std::int64_t classes = out[1];
+  refresh_half_weights();  // once, not for every batch
   for (std::int64_t b0 = 0; b0 < xh.dim(0); b0 += bs) {
     Tensor xb = xh.slice(b0, std::min(xh.dim(0), b0 + bs));
     if (device_ == Device::kGpu) {
       xb = xb.to(Device::kGpu);
       if (compute_dtype_ == DType::kF16) xb = xb.to(DType::kF16);
     }
-    const Tensor p = softmax(forward(xb));
+    const Tensor p = softmax(forward_layers(xb));
     const std::vector<float> v = p.to_vector();
     probs.insert(probs.end(), v.begin(), v.end());
   }

@@ -173,6 +173,8 @@ class Sequential {
   History fit_gpu(const data::Dataset& train, const data::Dataset* validation, const FitOptions& options,
                   const FitCallbacks& callbacks);
   EvalResult evaluate_gpu(const data::Dataset& d, std::int64_t batch_size);
+  // forward() without refresh_half_weights(): for loops over batches that refreshed once.
+  const Tensor& forward_layers(const Tensor& x);
   // The number of classes the loss sees: the model's output must be (N, classes), else
   // std::invalid_argument naming `caller`. The GPU's loss kernel is given the output's
   // second dimension as the class count and would read any other shape as rows of it.
