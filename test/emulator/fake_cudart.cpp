@@ -9,8 +9,12 @@
 //   16 GiB. Copies and memsets are checked against the allocations they touch: a
 //   "host-to-device" copy into host memory, or one that runs past the end of an allocation,
 //   fails as the real call does (cudaErrorInvalidValue).
-// - Streams and events: work runs when it is queued (streams.h says why that is a valid
-//   order), so synchronising returns at once.
+// - Streams and events, in one of the orders a GPU may run them (streams.h): by default work
+//   waits on its stream until something makes it run (a synchronisation, a blocking copy, a
+//   wait of another stream that needs it), so that a missing wait, between two streams or
+//   between a stream and the host, reads or writes memory before the work it should follow
+//   has run. Copies to and from pinned host memory run with their stream, as DMA does; a copy
+//   from pageable memory reads it at the call, as the driver's staging does.
 // - Graph capture, with CUDA's rules: the work queued on a capturing stream is recorded, not
 //   run, and runs when the instantiated graph is launched. A call that may not be made while
 //   the calling thread captures (cudaMalloc, cudaFree, cudaMemcpy, synchronising with the
@@ -18,19 +22,24 @@
 //   invalidates the capture, so that cudaStreamEndCapture then fails with
 //   cudaErrorStreamCaptureInvalidated. Waiting, inside a capture, on an event recorded
 //   outside it fails with cudaErrorStreamCaptureIsolation.
-// What it does not: concurrency between streams (a missing wait is not seen), timings (an
-// event's time is the host clock), more than one device.
+// What it does not: two streams' work at the same time (an order is chosen, streams.h),
+// timings (an event's time is the host clock when its stream gets to it), more than one
+// device.
 #include <cuda_runtime.h>
 
 #include <atomic>
 #include <chrono>
+#include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <set>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <utility>
@@ -52,16 +61,34 @@ struct Capture {
   bool ended = false;
 };
 
+// The work queued on one stream (or on the legacy default stream) that has not run yet.
+// `queued` and `done` count the items since the stream was made: a point in the stream's
+// work is a count, and it has been reached once `done` is at least that count.
+struct Queue {
+  std::deque<std::function<void()>> pending;
+  std::uint64_t queued = 0, done = 0;
+  bool running = false;  // one of its items runs now
+};
+
+// When an event's stream got to it, set by the work item its record queued.
+struct Stamp {
+  bool reached = false;
+  std::chrono::steady_clock::time_point time;
+};
+
 }  // namespace
 
 struct CUstream_st {
   unsigned flags = 0;
   std::shared_ptr<Capture> capture;  // set while the stream takes part in a capture
+  std::shared_ptr<Queue> queue = std::make_shared<Queue>();
 };
 struct CUevent_st {
   unsigned flags = 0;
   bool recorded = false;
-  std::chrono::steady_clock::time_point time;
+  std::shared_ptr<Queue> queue;  // where it was last recorded outside a capture, and
+  std::uint64_t mark = 0;        // the point of that queue's work it stands for
+  std::shared_ptr<Stamp> stamp;
   std::shared_ptr<Capture> capture;  // the capture it was last recorded in, if any
 };
 struct CUgraph_st {
@@ -85,9 +112,9 @@ std::map<const char*, std::size_t>& allocations() {  // device pointer -> bytes
   return m;
 }
 std::size_t allocated = 0;
-std::set<void*>& pinned() {
-  static std::set<void*> s;
-  return s;
+std::map<const char*, std::size_t>& pinned() {  // cudaMallocHost pointer -> bytes
+  static std::map<const char*, std::size_t> m;
+  return m;
 }
 std::set<Capture*>& captures() {  // the captures in progress
   static std::set<Capture*> s;
@@ -103,6 +130,174 @@ cudaError_t fail(cudaError_t e) {
 }
 
 std::atomic<bool> fail_instantiate{false};  // fail_next_graph_instantiate()
+
+// True when [p, p + bytes) lies inside one cudaMallocHost allocation. Caller holds mu().
+bool pinned_range(const void* p, std::size_t bytes) {
+  const char* q = static_cast<const char*>(p);
+  auto it = pinned().upper_bound(q);
+  if (it == pinned().begin()) return false;
+  --it;
+  return q + bytes <= it->first + it->second;
+}
+
+// ---- the order work runs in (streams.h) ----
+
+mf::emulator::Order order_from_environment() {
+  const char* v = std::getenv("MF_EMULATED_STREAMS");
+  const std::string s = v ? v : "";
+  if (s.empty() || s == "deferred") return mf::emulator::Order::kDeferred;
+  if (s == "others-first") return mf::emulator::Order::kOthersFirst;
+  if (s == "immediate") return mf::emulator::Order::kImmediate;
+  std::fprintf(stderr, "MF_EMULATED_STREAMS=%s: expected deferred, others-first or immediate\n", s.c_str());
+  std::abort();
+}
+std::atomic<mf::emulator::Order>& current_order() {
+  static std::atomic<mf::emulator::Order> o{order_from_environment()};
+  return o;
+}
+
+// The legacy default stream's queue, and every queue that may hold work: those of the
+// streams alive and of destroyed streams whose work has not run yet. Guarded by mu().
+const std::shared_ptr<Queue>& legacy_queue() {
+  static const std::shared_ptr<Queue> q = std::make_shared<Queue>();
+  return q;
+}
+std::set<CUstream_st*>& streams_alive() {
+  static std::set<CUstream_st*> s;
+  return s;
+}
+std::vector<std::shared_ptr<Queue>>& orphans() {
+  static std::vector<std::shared_ptr<Queue>> v;
+  return v;
+}
+std::shared_ptr<Queue> queue_of(CUstream_st* s) { return s ? s->queue : legacy_queue(); }
+
+// Every queue with its current end, to run up to. Caller holds mu().
+std::vector<std::pair<std::shared_ptr<Queue>, std::uint64_t>> all_queues() {
+  std::vector<std::pair<std::shared_ptr<Queue>, std::uint64_t>> v;
+  v.emplace_back(legacy_queue(), legacy_queue()->queued);
+  for (CUstream_st* s : streams_alive()) v.emplace_back(s->queue, s->queue->queued);
+  for (const auto& q : orphans()) v.emplace_back(q, q->queued);
+  return v;
+}
+
+// One thread at a time runs queued work: the device. Recursive, because an item that waits
+// for another stream runs that stream's work itself.
+std::recursive_mutex& device_mu() {
+  static std::recursive_mutex m;
+  return m;
+}
+
+// Runs q's work until `mark` items of it have run (caller does not hold mu()). An item that
+// throws (an emulated kernel's own check) still counts as run.
+void run_until(const std::shared_ptr<Queue>& q, std::uint64_t mark) {
+  std::lock_guard<std::recursive_mutex> device(device_mu());
+  for (;;) {
+    std::function<void()> work;
+    {
+      std::lock_guard<std::mutex> lock(mu());
+      if (q->done >= mark) return;
+      // Only a wait for work queued after the waiting item could get here: CUDA cannot
+      // express one (an event stands for work queued before it), so the emulation is wrong.
+      if (q->running) throw std::logic_error("emulated streams: work waits for work queued after it");
+      work = std::move(q->pending.front());
+      q->pending.pop_front();
+      q->running = true;
+    }
+    struct Ran {
+      Queue& q;
+      ~Ran() {
+        std::lock_guard<std::mutex> lock(mu());
+        q.running = false;
+        ++q.done;
+      }
+    } ran{*q};
+    work();
+  }
+}
+
+// What a synchronisation with `mark` of q's work does: runs it, and in kOthersFirst first
+// everything the other streams have queued (caller does not hold mu()).
+void synchronize(const std::shared_ptr<Queue>& q, std::uint64_t mark) {
+  if (current_order() == mf::emulator::Order::kOthersFirst) {
+    std::vector<std::pair<std::shared_ptr<Queue>, std::uint64_t>> others;
+    {
+      std::lock_guard<std::mutex> lock(mu());
+      others = all_queues();
+    }
+    for (const auto& [other, end] : others)
+      if (other != q) run_until(other, end);
+  }
+  run_until(q, mark);
+}
+void synchronize_all() {
+  std::vector<std::pair<std::shared_ptr<Queue>, std::uint64_t>> queues;
+  {
+    std::lock_guard<std::mutex> lock(mu());
+    queues = all_queues();
+  }
+  for (const auto& [q, end] : queues) run_until(q, end);
+  std::lock_guard<std::mutex> lock(mu());
+  auto& o = orphans();
+  for (auto it = o.begin(); it != o.end();) it = (*it)->done == (*it)->queued ? o.erase(it) : it + 1;
+}
+
+// A work item that waits for the first `mark` items of t.
+std::function<void()> wait_for(std::shared_ptr<Queue> t, std::uint64_t mark) {
+  return [t = std::move(t), mark] { run_until(t, mark); };
+}
+
+// Queues `work` on stream s (null: the legacy default stream), after the waits the legacy
+// stream implies: its work follows all the work queued on blocking streams (those made
+// without cudaStreamNonBlocking), and theirs follows its. Returns the point after `work`.
+// Caller holds mu().
+std::uint64_t push(CUstream_st* s, std::function<void()> work) {
+  Queue& q = *queue_of(s);
+  const auto pending = [](const Queue& t) { return t.done < t.queued; };
+  if (!s) {
+    for (CUstream_st* b : streams_alive())
+      if (!(b->flags & cudaStreamNonBlocking) && pending(*b->queue)) {
+        q.pending.push_back(wait_for(b->queue, b->queue->queued));
+        ++q.queued;
+      }
+  } else if (!(s->flags & cudaStreamNonBlocking) && pending(*legacy_queue())) {
+    q.pending.push_back(wait_for(legacy_queue(), legacy_queue()->queued));
+    ++q.queued;
+  }
+  q.pending.push_back(std::move(work));
+  return ++q.queued;
+}
+
+// Queues `work` on s outside any capture, and in kImmediate runs it now (caller does not
+// hold mu()). Returns where it stands in s's work.
+std::uint64_t submit(CUstream_st* s, std::function<void()> work) {
+  std::shared_ptr<Queue> q;
+  std::uint64_t mark = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu());
+    q = queue_of(s);
+    mark = push(s, std::move(work));
+  }
+  if (current_order() == mf::emulator::Order::kImmediate) run_until(q, mark);
+  return mark;
+}
+
+// The work of a copy between host and device memory. Pageable host memory is read now: the
+// driver stages it before the call returns. Pinned memory is read or written when the
+// stream gets to the copy, as the GPU's DMA does; so is pageable memory that receives a copy
+// (for that direction CUDA says only that the call "might be synchronous").
+std::function<void()> copy_work(void* dst, const void* src, std::size_t bytes, bool stage_source) {
+  if (stage_source) {
+    auto staged = std::make_shared<std::vector<char>>(static_cast<const char*>(src),
+                                                      static_cast<const char*>(src) + bytes);
+    return [dst, staged] {
+      if (!staged->empty()) std::memcpy(dst, staged->data(), staged->size());
+    };
+  }
+  return [=] {
+    if (bytes) std::memmove(dst, src, bytes);
+  };
+}
 
 // The capture the calling thread is making in a mode that forbids it unsafe calls
 // (Global or ThreadLocal: ours), or null. Caller holds mu().
@@ -153,6 +348,13 @@ bool copy_allowed(void* dst, const void* src, std::size_t bytes, cudaMemcpyKind 
 
 namespace mf::emulator {
 
+Order order() { return current_order(); }
+
+Order set_order(Order o) {
+  synchronize_all();
+  return current_order().exchange(o);
+}
+
 bool enqueue(CUstream_st* stream, std::function<void()> work) {
   {
     std::lock_guard<std::mutex> lock(mu());
@@ -162,7 +364,7 @@ bool enqueue(CUstream_st* stream, std::function<void()> work) {
       return true;
     }
   }
-  work();
+  submit(stream, std::move(work));
   return true;
 }
 
@@ -172,12 +374,20 @@ bool capturing(CUstream_st* stream) {
 }
 
 bool may_synchronize(CUstream_st* stream) {
-  std::lock_guard<std::mutex> lock(mu());
-  if (stream && stream->capture) {
-    stream->capture->invalidated = true;
-    return false;
+  std::shared_ptr<Queue> q;
+  std::uint64_t end = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu());
+    if (stream && stream->capture) {
+      stream->capture->invalidated = true;
+      return false;
+    }
+    if (refuse_unsafe_call()) return false;
+    q = queue_of(stream);
+    end = q->queued;
   }
-  return !refuse_unsafe_call();
+  synchronize(q, end);
+  return true;
 }
 
 int take_last_error() { return std::exchange(last_error, cudaSuccess); }
@@ -268,8 +478,11 @@ cudaError_t cudaMemGetInfo(std::size_t* free_bytes, std::size_t* total_bytes) {
   return cudaSuccess;
 }
 cudaError_t cudaDeviceSynchronize() {
-  std::lock_guard<std::mutex> lock(mu());
-  if (refuse_unsafe_call()) return fail(cudaErrorStreamCaptureUnsupported);
+  {
+    std::lock_guard<std::mutex> lock(mu());
+    if (refuse_unsafe_call()) return fail(cudaErrorStreamCaptureUnsupported);
+  }
+  synchronize_all();
   return cudaSuccess;
 }
 
@@ -288,9 +501,14 @@ cudaError_t cudaMalloc(void** p, std::size_t bytes) {
   *p = q;
   return cudaSuccess;
 }
+// cudaFree and cudaFreeHost wait for the device's work first, as CUDA's do.
 cudaError_t cudaFree(void* p) {
+  {
+    std::lock_guard<std::mutex> lock(mu());
+    if (refuse_unsafe_call()) return fail(cudaErrorStreamCaptureUnsupported);
+  }
+  if (p) synchronize_all();
   std::lock_guard<std::mutex> lock(mu());
-  if (refuse_unsafe_call()) return fail(cudaErrorStreamCaptureUnsupported);
   if (!p) return cudaSuccess;
   auto it = allocations().find(static_cast<const char*>(p));
   if (it == allocations().end()) return fail(cudaErrorInvalidValue);
@@ -305,37 +523,59 @@ cudaError_t cudaMallocHost(void** p, std::size_t bytes) {
   if (refuse_unsafe_call()) return fail(cudaErrorStreamCaptureUnsupported);
   void* q = nullptr;
   if (posix_memalign(&q, 4096, bytes ? bytes : 1) != 0) return fail(cudaErrorMemoryAllocation);
-  pinned().insert(q);
+  pinned()[static_cast<const char*>(q)] = bytes;
   *p = q;
   return cudaSuccess;
 }
 cudaError_t cudaFreeHost(void* p) {
+  {
+    std::lock_guard<std::mutex> lock(mu());
+    if (refuse_unsafe_call()) return fail(cudaErrorStreamCaptureUnsupported);
+  }
+  if (p) synchronize_all();
   std::lock_guard<std::mutex> lock(mu());
-  if (refuse_unsafe_call()) return fail(cudaErrorStreamCaptureUnsupported);
   if (!p) return cudaSuccess;
-  if (!pinned().erase(p)) return fail(cudaErrorInvalidValue);
+  if (!pinned().erase(static_cast<const char*>(p))) return fail(cudaErrorInvalidValue);
   std::free(p);
   return cudaSuccess;
 }
 
+// A blocking copy goes on the legacy default stream, so it does not wait for the work of
+// non-blocking streams (ours). As CUDA says: into the device it returns once a pageable
+// source is staged, not once the copy has landed; out of it, once the copy is done.
 cudaError_t cudaMemcpy(void* dst, const void* src, std::size_t bytes, cudaMemcpyKind kind) {
+  bool to_host = false, host_only = false, stage = false;
   {
     std::lock_guard<std::mutex> lock(mu());
     if (refuse_unsafe_call()) return fail(cudaErrorStreamCaptureUnsupported);
     if (!copy_allowed(dst, src, bytes, kind)) return fail(cudaErrorInvalidValue);
+    to_host = device_range(dst, bytes) == 0;
+    host_only = to_host && device_range(src, bytes) == 0;
+    stage = !to_host && device_range(src, bytes) == 0 && !pinned_range(src, bytes);
   }
-  if (bytes) std::memmove(dst, src, bytes);
+  if (host_only) {
+    if (bytes) std::memmove(dst, src, bytes);
+    return cudaSuccess;
+  }
+  const std::uint64_t mark = submit(nullptr, copy_work(dst, src, bytes, stage));
+  if (to_host) synchronize(legacy_queue(), mark);
   return cudaSuccess;
 }
 cudaError_t cudaMemcpyAsync(void* dst, const void* src, std::size_t bytes, cudaMemcpyKind kind, cudaStream_t s) {
+  bool host_only = false, stage = false;
   {
     std::lock_guard<std::mutex> lock(mu());
     if (!copy_allowed(dst, src, bytes, kind)) return fail(cudaErrorInvalidValue);
+    host_only = device_range(dst, bytes) == 0 && device_range(src, bytes) == 0;
+    // Inside a capture the copy is a node of the graph: it reads its source when replayed.
+    stage = !(s && s->capture) && device_range(dst, bytes) == 1 && device_range(src, bytes) == 0 &&
+            !pinned_range(src, bytes);
   }
-  if (!mf::emulator::enqueue(s, [=] {
-        if (bytes) std::memmove(dst, src, bytes);
-      }))
-    return fail(cudaErrorStreamCaptureInvalidated);
+  if (host_only) {  // fully synchronous, as CUDA's
+    if (bytes) std::memmove(dst, src, bytes);
+    return cudaSuccess;
+  }
+  if (!mf::emulator::enqueue(s, copy_work(dst, src, bytes, stage))) return fail(cudaErrorStreamCaptureInvalidated);
   return cudaSuccess;
 }
 cudaError_t cudaMemsetAsync(void* p, int value, std::size_t bytes, cudaStream_t s) {
@@ -352,21 +592,33 @@ cudaError_t cudaMemsetAsync(void* p, int value, std::size_t bytes, cudaStream_t 
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned flags) {
   *s = new CUstream_st;
   (*s)->flags = flags;
+  std::lock_guard<std::mutex> lock(mu());
+  streams_alive().insert(*s);
   return cudaSuccess;
 }
+// As in CUDA, the stream's work still runs after it is destroyed.
 cudaError_t cudaStreamDestroy(cudaStream_t s) {
   if (!s) return fail(cudaErrorInvalidResourceHandle);
   std::lock_guard<std::mutex> lock(mu());
   if (s->capture) return fail(cudaErrorStreamCaptureUnsupported);
+  streams_alive().erase(s);
+  if (s->queue->done < s->queue->queued) orphans().push_back(s->queue);
   delete s;
   return cudaSuccess;
 }
 cudaError_t cudaStreamSynchronize(cudaStream_t s) {
-  std::lock_guard<std::mutex> lock(mu());
-  if (s && s->capture) {
-    s->capture->invalidated = true;
-    return fail(cudaErrorStreamCaptureUnsupported);
+  std::shared_ptr<Queue> q;
+  std::uint64_t end = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu());
+    if (s && s->capture) {
+      s->capture->invalidated = true;
+      return fail(cudaErrorStreamCaptureUnsupported);
+    }
+    q = queue_of(s);
+    end = q->queued;
   }
+  synchronize(q, end);
   return cudaSuccess;
 }
 
@@ -383,22 +635,45 @@ cudaError_t cudaEventDestroy(cudaEvent_t e) {
 }
 cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
   if (!e) return fail(cudaErrorInvalidResourceHandle);
-  std::lock_guard<std::mutex> lock(mu());
-  if (s && s->capture) {
-    if (s->capture->invalidated) return fail(cudaErrorStreamCaptureInvalidated);
-    e->capture = s->capture;  // a node of the graph: waiting on it joins that capture
+  std::shared_ptr<Queue> q;
+  std::uint64_t mark = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu());
+    if (s && s->capture) {
+      if (s->capture->invalidated) return fail(cudaErrorStreamCaptureInvalidated);
+      e->capture = s->capture;  // a node of the graph: waiting on it joins that capture
+      e->recorded = true;
+      return cudaSuccess;
+    }
+    // The event stands for the work queued on s so far; its time is when s gets there.
+    auto stamp = std::make_shared<Stamp>();
+    q = queue_of(s);
+    mark = push(s, [stamp] {
+      std::lock_guard<std::mutex> stamp_lock(mu());
+      stamp->time = std::chrono::steady_clock::now();
+      stamp->reached = true;
+    });
+    e->capture.reset();
     e->recorded = true;
-    return cudaSuccess;
+    e->queue = q;
+    e->mark = mark;
+    e->stamp = stamp;
   }
-  e->capture.reset();
-  e->recorded = true;
-  e->time = std::chrono::steady_clock::now();  // all work queued before it has run
+  if (current_order() == mf::emulator::Order::kImmediate) run_until(q, mark);
   return cudaSuccess;
 }
 cudaError_t cudaEventSynchronize(cudaEvent_t e) {
   if (!e) return fail(cudaErrorInvalidResourceHandle);
-  std::lock_guard<std::mutex> lock(mu());
-  if (e->capture) return fail(cudaErrorCapturedEvent);
+  std::shared_ptr<Queue> q;
+  std::uint64_t mark = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu());
+    if (e->capture) return fail(cudaErrorCapturedEvent);
+    if (!e->recorded) return cudaSuccess;
+    q = e->queue;
+    mark = e->mark;
+  }
+  synchronize(q, mark);
   return cudaSuccess;
 }
 cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) {
@@ -407,7 +682,8 @@ cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) 
   if ((start->flags | end->flags) & cudaEventDisableTiming) return fail(cudaErrorInvalidResourceHandle);
   if (!start->recorded || !end->recorded) return fail(cudaErrorInvalidResourceHandle);
   if (start->capture || end->capture) return fail(cudaErrorCapturedEvent);
-  *ms = std::chrono::duration<float, std::milli>(end->time - start->time).count();
+  if (!start->stamp->reached || !end->stamp->reached) return fail(cudaErrorNotReady);  // not waited for
+  *ms = std::chrono::duration<float, std::milli>(end->stamp->time - start->stamp->time).count();
   return cudaSuccess;
 }
 cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned flags) {
@@ -423,12 +699,14 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned flags) {
     s->capture = e->capture;  // a fork: s now records into the same graph
     return cudaSuccess;
   }
-  // An event recorded outside any capture: nothing to wait for here (its work has run), but
-  // a capturing stream may not depend on uncaptured work.
-  if (s_captures && e->recorded) {
+  if (!e->recorded) return cudaSuccess;  // a wait for nothing
+  // An event recorded outside any capture: a capturing stream may not depend on uncaptured
+  // work; any other stream's later work waits for what the event stands for.
+  if (s_captures) {
     s->capture->invalidated = true;
     return fail(cudaErrorStreamCaptureIsolation);
   }
+  if (e->queue != queue_of(s)) push(s, wait_for(e->queue, e->mark));  // a stream's own work is in order anyway
   return cudaSuccess;
 }
 

@@ -1,13 +1,25 @@
 // streams.h: how the CPU emulation of CUDA runs work queued on a stream. Kernel launches
 // (cuda_emulator.h), copies and memsets (fake_cudart.cpp), GEMMs (fake_cublas.cpp) and
-// convolutions (fake_cudnn.cpp) all go through enqueue(): the work runs at once, on the
-// calling thread, unless the stream is being captured into a CUDA graph, in which case it is
-// recorded and runs when the graph is launched.
+// convolutions (fake_cudnn.cpp) all go through enqueue(). On a stream being captured into a
+// CUDA graph the work is recorded and runs when the graph is launched; otherwise it runs in
+// one of the orders a GPU may run it in, chosen by order() below.
 //
-// Running at once is one of the orders a GPU may run the work in: everything queued on a
-// stream earlier has finished, and so has everything an event that the stream waits on
-// stands for. What it cannot show is a missing wait between two streams: here the work of
-// the other stream has always finished already.
+// A GPU promises only this: the work of a stream runs in the order it was queued, after
+// whatever the events the stream waits on stand for, and before a synchronisation with it
+// returns. Anything else is up to the hardware: another stream's work may run long before,
+// or long after. Each order below is one that a GPU may choose, and each makes a different
+// missing wait visible as wrong data:
+// - kDeferred (the default): work runs as late as it may, when a synchronisation, a blocking
+//   copy or a waiting stream needs it. A consumer that does not wait for its producer (a
+//   kernel reading what a copy on another stream writes, the host reading pinned memory that
+//   a copy fills) runs before the producer and reads old data.
+// - kOthersFirst: as kDeferred, but each synchronisation first runs everything queued on the
+//   other streams. A producer that does not wait for the consumer of the data it replaces (a
+//   copy refilling a buffer a kernel on another stream still reads) then runs before that
+//   consumer.
+// - kImmediate: work runs when it is queued, on the calling thread: every wait is met
+//   already, so no missing one shows. The order the emulation first had, kept for comparison.
+// MF_EMULATED_STREAMS=deferred|others-first|immediate picks one for a whole run.
 #pragma once
 #include <cstddef>
 #include <functional>
@@ -15,6 +27,14 @@
 struct CUstream_st;  // cudaStream_t is CUstream_st*, in the real headers and in cuda_emulator.h
 
 namespace mf::emulator {
+
+enum class Order { kDeferred, kOthersFirst, kImmediate };
+// The order of this run: MF_EMULATED_STREAMS, or kDeferred when it is not set. A value that
+// is not one of the three stops the program with a message (a typo would test nothing).
+Order order();
+// For tests of the emulation itself: sets the order, returning the one it replaces. The work
+// queued until then runs first.
+Order set_order(Order o);
 
 // The SM count the emulated device reports (cudaDeviceGetAttribute, cudaGetDeviceProperties).
 // The kernels size some grids by it; 8 keeps the emulation quick while still giving
@@ -29,9 +49,9 @@ bool enqueue(CUstream_st* stream, std::function<void()> work);
 // is ended), as cudaStreamIsCapturing reports.
 bool capturing(CUstream_st* stream);
 
-// For a call that waits for the work on `stream` (cudnnFind*, a blocking copy): true when
-// it may. False when the stream is being captured, which CUDA forbids: the capture is then
-// invalidated, as CUDA does.
+// For a call that waits for the work on `stream` (cudnnFind*, a blocking copy): runs that
+// work and returns true when it may. False when the stream is being captured, which CUDA
+// forbids: the capture is then invalidated, as CUDA does.
 bool may_synchronize(CUstream_st* stream);
 
 // The error of the last emulated runtime call that failed on this thread, taken and reset

@@ -1,0 +1,212 @@
+// test_emulated_streams.cpp: the orders in which the CPU emulation of CUDA runs the work of
+// streams (streams.h), on the races they are there to show: each test makes the mistake a
+// program can make with streams, and checks which order turns it into wrong data and that
+// the correct program gets the right data in every order. Runs only on the emulation: on a
+// GPU these races give whatever the hardware's timing gives.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "test/emulator/streams.h"
+
+namespace {
+
+using mf::emulator::Order;
+
+constexpr Order kOrders[] = {Order::kDeferred, Order::kOthersFirst, Order::kImmediate};
+
+const char* order_name(Order o) {
+  switch (o) {
+    case Order::kDeferred: return "deferred";
+    case Order::kOthersFirst: return "others-first";
+    case Order::kImmediate: return "immediate";
+  }
+  return "?";
+}
+
+// Sets the order for one test, and puts back the run's own (MF_EMULATED_STREAMS) after it.
+class OrderGuard {
+ public:
+  explicit OrderGuard(Order o) : old_(mf::emulator::set_order(o)) {}
+  ~OrderGuard() { mf::emulator::set_order(old_); }
+  OrderGuard(const OrderGuard&) = delete;
+  OrderGuard& operator=(const OrderGuard&) = delete;
+
+ private:
+  Order old_;
+};
+
+// The objects one test uses: two non-blocking streams (as microflow makes them), an event,
+// two device buffers and a pinned host buffer of kBytes each, freed at the end.
+constexpr std::size_t kBytes = 64;
+struct Device {
+  cudaStream_t a = nullptr, b = nullptr;
+  cudaEvent_t e = nullptr;
+  unsigned char *x = nullptr, *y = nullptr, *pinned = nullptr;
+  Device() {
+    EXPECT_EQ(cudaStreamCreateWithFlags(&a, cudaStreamNonBlocking), cudaSuccess);
+    EXPECT_EQ(cudaStreamCreateWithFlags(&b, cudaStreamNonBlocking), cudaSuccess);
+    EXPECT_EQ(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), cudaSuccess);
+    EXPECT_EQ(cudaMalloc(reinterpret_cast<void**>(&x), kBytes), cudaSuccess);
+    EXPECT_EQ(cudaMalloc(reinterpret_cast<void**>(&y), kBytes), cudaSuccess);
+    EXPECT_EQ(cudaMallocHost(reinterpret_cast<void**>(&pinned), kBytes), cudaSuccess);
+  }
+  ~Device() {
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    EXPECT_EQ(cudaFreeHost(pinned), cudaSuccess);
+    EXPECT_EQ(cudaFree(y), cudaSuccess);
+    EXPECT_EQ(cudaFree(x), cudaSuccess);
+    EXPECT_EQ(cudaEventDestroy(e), cudaSuccess);
+    EXPECT_EQ(cudaStreamDestroy(b), cudaSuccess);
+    EXPECT_EQ(cudaStreamDestroy(a), cudaSuccess);
+  }
+  Device(const Device&) = delete;
+  Device& operator=(const Device&) = delete;
+
+  // The first byte of device buffer p, read back after all the work has run.
+  int read(const unsigned char* p) {
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    unsigned char v = 0;
+    EXPECT_EQ(cudaMemcpy(&v, p, 1, cudaMemcpyDeviceToHost), cudaSuccess);
+    return v;
+  }
+};
+
+// Stream a fills x; stream b copies x to y, and the host waits for b only. Without b waiting
+// for a's event, y gets x's old bytes where a's work has not run yet: in the deferred order.
+int producer_then_consumer(bool wait) {
+  Device d;
+  EXPECT_EQ(cudaMemsetAsync(d.x, 1, kBytes, d.b), cudaSuccess);  // x's old bytes
+  EXPECT_EQ(cudaStreamSynchronize(d.b), cudaSuccess);
+  EXPECT_EQ(cudaMemsetAsync(d.x, 7, kBytes, d.a), cudaSuccess);
+  EXPECT_EQ(cudaEventRecord(d.e, d.a), cudaSuccess);
+  if (wait) {
+    EXPECT_EQ(cudaStreamWaitEvent(d.b, d.e, 0), cudaSuccess);
+  }
+  EXPECT_EQ(cudaMemcpyAsync(d.y, d.x, kBytes, cudaMemcpyDeviceToDevice, d.b), cudaSuccess);
+  EXPECT_EQ(cudaStreamSynchronize(d.b), cudaSuccess);
+  return d.read(d.y);
+}
+
+TEST(EmulatedStreams, DeferredShowsAConsumerThatDoesNotWaitForItsProducer) {
+  for (Order o : kOrders) {
+    SCOPED_TRACE(order_name(o));
+    OrderGuard order(o);
+    EXPECT_EQ(producer_then_consumer(/*wait=*/true), 7);
+    EXPECT_EQ(producer_then_consumer(/*wait=*/false), o == Order::kDeferred ? 1 : 7);
+  }
+}
+
+// Stream b copies x to y (the consumer, queued first); stream a then refills x. Without a
+// waiting for b's event, a may run first and y gets the new bytes: in the others-first order,
+// where the host's wait for b runs a's work before b's.
+int consumer_then_refill(bool wait) {
+  Device d;
+  EXPECT_EQ(cudaMemsetAsync(d.x, 1, kBytes, d.b), cudaSuccess);
+  EXPECT_EQ(cudaStreamSynchronize(d.b), cudaSuccess);
+  EXPECT_EQ(cudaMemcpyAsync(d.y, d.x, kBytes, cudaMemcpyDeviceToDevice, d.b), cudaSuccess);
+  EXPECT_EQ(cudaEventRecord(d.e, d.b), cudaSuccess);
+  if (wait) {
+    EXPECT_EQ(cudaStreamWaitEvent(d.a, d.e, 0), cudaSuccess);
+  }
+  EXPECT_EQ(cudaMemsetAsync(d.x, 9, kBytes, d.a), cudaSuccess);
+  EXPECT_EQ(cudaStreamSynchronize(d.b), cudaSuccess);
+  return d.read(d.y);
+}
+
+TEST(EmulatedStreams, OthersFirstShowsARefillThatDoesNotWaitForTheConsumer) {
+  for (Order o : kOrders) {
+    SCOPED_TRACE(order_name(o));
+    OrderGuard order(o);
+    EXPECT_EQ(consumer_then_refill(/*wait=*/true), 1);
+    EXPECT_EQ(consumer_then_refill(/*wait=*/false), o == Order::kOthersFirst ? 9 : 1);
+  }
+}
+
+// A copy into pinned host memory lands when its stream gets to it: the host reads the old
+// bytes until it synchronises.
+TEST(EmulatedStreams, PinnedMemoryReceivesACopyOnlyWhenItsStreamRuns) {
+  OrderGuard order(Order::kDeferred);
+  Device d;
+  std::memset(d.pinned, 0, kBytes);
+  ASSERT_EQ(cudaMemsetAsync(d.x, 5, kBytes, d.a), cudaSuccess);
+  ASSERT_EQ(cudaMemcpyAsync(d.pinned, d.x, kBytes, cudaMemcpyDeviceToHost, d.a), cudaSuccess);
+  EXPECT_EQ(d.pinned[0], 0) << "read before the stream was synchronised";
+  ASSERT_EQ(cudaStreamSynchronize(d.a), cudaSuccess);
+  EXPECT_EQ(d.pinned[kBytes - 1], 5);
+}
+
+// A copy from pinned memory reads it when its stream gets to it, so refilling the buffer
+// before the copy has run changes what arrives; pageable memory is read (staged) at the call.
+TEST(EmulatedStreams, PinnedSourceIsReadWhenItsStreamRunsPageableAtTheCall) {
+  OrderGuard order(Order::kDeferred);
+  Device d;
+  std::memset(d.pinned, 2, kBytes);
+  ASSERT_EQ(cudaMemcpyAsync(d.x, d.pinned, kBytes, cudaMemcpyHostToDevice, d.a), cudaSuccess);
+  std::memset(d.pinned, 3, kBytes);  // too early: the copy has not run
+  std::vector<unsigned char> pageable(kBytes, 2);
+  ASSERT_EQ(cudaMemcpyAsync(d.y, pageable.data(), kBytes, cudaMemcpyHostToDevice, d.a), cudaSuccess);
+  std::fill(pageable.begin(), pageable.end(), 3);
+  EXPECT_EQ(d.read(d.x), 3);
+  EXPECT_EQ(d.read(d.y), 2);
+}
+
+// cudaMemcpy goes on the legacy default stream, which does not wait for the work of
+// non-blocking streams.
+TEST(EmulatedStreams, BlockingCopyDoesNotWaitForNonBlockingStreams) {
+  OrderGuard order(Order::kDeferred);
+  Device d;
+  ASSERT_EQ(cudaMemsetAsync(d.x, 4, kBytes, d.a), cudaSuccess);
+  ASSERT_EQ(cudaStreamSynchronize(d.a), cudaSuccess);
+  ASSERT_EQ(cudaMemsetAsync(d.x, 6, kBytes, d.a), cudaSuccess);
+  unsigned char v = 0;
+  ASSERT_EQ(cudaMemcpy(&v, d.x, 1, cudaMemcpyDeviceToHost), cudaSuccess);
+  EXPECT_EQ(v, 4);
+  ASSERT_EQ(cudaStreamSynchronize(d.a), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(&v, d.x, 1, cudaMemcpyDeviceToHost), cudaSuccess);
+  EXPECT_EQ(v, 6);
+}
+
+// An event's time is known once its stream has got to it: asking before that is
+// cudaErrorNotReady, as on a GPU.
+TEST(EmulatedStreams, ElapsedTimeNeedsTheStopEventReached) {
+  OrderGuard order(Order::kDeferred);
+  Device d;
+  cudaEvent_t start = nullptr, stop = nullptr;
+  ASSERT_EQ(cudaEventCreate(&start), cudaSuccess);
+  ASSERT_EQ(cudaEventCreate(&stop), cudaSuccess);
+  ASSERT_EQ(cudaEventRecord(start, d.a), cudaSuccess);
+  ASSERT_EQ(cudaMemsetAsync(d.x, 0, kBytes, d.a), cudaSuccess);
+  ASSERT_EQ(cudaEventRecord(stop, d.a), cudaSuccess);
+  float ms = -1;
+  EXPECT_EQ(cudaEventElapsedTime(&ms, start, stop), cudaErrorNotReady);
+  EXPECT_EQ(cudaGetLastError(), cudaErrorNotReady);
+  ASSERT_EQ(cudaEventSynchronize(stop), cudaSuccess);
+  EXPECT_EQ(cudaEventElapsedTime(&ms, start, stop), cudaSuccess);
+  EXPECT_GE(ms, 0.0f);
+  EXPECT_EQ(cudaEventDestroy(stop), cudaSuccess);
+  EXPECT_EQ(cudaEventDestroy(start), cudaSuccess);
+}
+
+// The work of a destroyed stream still runs, and an event recorded on it can still be waited
+// for.
+TEST(EmulatedStreams, DestroyedStreamsWorkStillRuns) {
+  OrderGuard order(Order::kDeferred);
+  Device d;
+  cudaStream_t s = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+  ASSERT_EQ(cudaMemsetAsync(d.x, 8, kBytes, s), cudaSuccess);
+  ASSERT_EQ(cudaEventRecord(d.e, s), cudaSuccess);
+  ASSERT_EQ(cudaStreamDestroy(s), cudaSuccess);
+  ASSERT_EQ(cudaStreamWaitEvent(d.b, d.e, 0), cudaSuccess);
+  ASSERT_EQ(cudaMemcpyAsync(d.y, d.x, kBytes, cudaMemcpyDeviceToDevice, d.b), cudaSuccess);
+  ASSERT_EQ(cudaStreamSynchronize(d.b), cudaSuccess);
+  unsigned char v = 0;
+  ASSERT_EQ(cudaMemcpy(&v, d.y, 1, cudaMemcpyDeviceToHost), cudaSuccess);
+  EXPECT_EQ(v, 8);
+}
+
+}  // namespace
