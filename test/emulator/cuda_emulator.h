@@ -9,8 +9,9 @@
 // `static`: one copy per kernel instantiation, which is per block since blocks run in turn.
 // When no thread of block 0 synchronised (an element-wise kernel), the later blocks' threads
 // run one after another on one thread instead: the same results without a thread switch
-// per emulated thread. A launch is queued on its stream (streams.h): it runs at once, or
-// when the CUDA graph it was captured into is launched.
+// per emulated thread. A launch is queued on its stream (streams.h): it runs when the stream
+// gets to it (in test_kernels_emulated, at once), or when the CUDA graph it was captured into
+// is launched.
 //
 // What it checks: indexing, grid-stride loops, reductions, barriers, shuffles, the f16
 // conversions bit for bit (round to nearest even, NaNs made canonical as the hardware does),
@@ -235,8 +236,8 @@ class ThreadPool {
 
 // kernel<<<grid, block, 0, stream>>>(args), with `kernel_call` = [=] { kernel(args); }. A
 // configuration the GPU would refuse throws here, where the real launch would fail at
-// cudaGetLastError(). The blocks run when the stream runs the launch (streams.h): at once,
-// or when the graph it was captured into is launched.
+// cudaGetLastError(). The blocks run when the stream runs the launch (streams.h), or when
+// the graph it was captured into is launched.
 template <class F>
 void launch(cudaStream_t stream, dim3 grid, dim3 block, F kernel_call) {
   if (grid.x == 0 || grid.y == 0 || grid.z == 0 || grid.x > 2147483647u || grid.y > 65535 || grid.z > 65535)
