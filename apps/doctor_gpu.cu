@@ -2,7 +2,6 @@
 #include "apps/doctor_gpu.h"
 
 #include <cublas_v2.h>
-#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <cudnn.h>
 
@@ -14,6 +13,7 @@
 
 #include "kernels/cuda_check.h"
 #include "kernels/cuda_raii.h"
+#include "kernels/launchers.h"
 #include "tensor/half.h"
 #include "tensor/rng.h"
 
@@ -41,24 +41,6 @@ CudaVersions cuda_versions() {
 
 namespace {
 
-// counts[0] += number of 32-bit words where a and b differ. One grid-stride pass; each warp
-// adds its total with one atomic.
-__global__ void count_mismatch_kernel(const std::uint32_t* a, const std::uint32_t* b, std::size_t n,
-                                      unsigned long long* count) {
-  unsigned long long local = 0;
-  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<std::size_t>(gridDim.x) * blockDim.x)
-    local += a[i] != b[i];
-  for (int off = 16; off > 0; off >>= 1) local += __shfl_down_sync(0xffffffffu, local, off);
-  if ((threadIdx.x & 31) == 0 && local) atomicAdd(count, local);
-}
-
-void launch_count_mismatch(const std::uint32_t* a, const std::uint32_t* b, std::size_t n, unsigned long long* count,
-                           int sms, cudaStream_t stream) {
-  count_mismatch_kernel<<<sms * 4, 256, 0, stream>>>(a, b, n, count);
-  MF_CHECK_LAUNCH();
-}
-
 // Row-major C = A B for n x n matrices. cuBLAS is column-major, where row-major C is C^T,
 // so it computes C^T = B^T A^T: the operands are passed swapped, neither transposed.
 void gemm(cublasHandle_t h, bool fp16, const void* a, const void* b, float* c, int n) {
@@ -76,8 +58,6 @@ void gemm(cublasHandle_t h, bool fp16, const void* a, const void* b, float* c, i
 BurnResult gpu_burn(const BurnOptions& o,
                     const std::function<void(double, std::int64_t, std::int64_t)>& progress) {
   MF_GPU_CHECK(cudaSetDevice(o.device));
-  cudaDeviceProp prop{};
-  MF_GPU_CHECK(cudaGetDeviceProperties(&prop, o.device));
   std::size_t free_b = 0, total_b = 0;
   MF_GPU_CHECK(cudaMemGetInfo(&free_b, &total_b));
   const std::size_t in_bytes = o.fp16 ? 2 : 4;
@@ -155,8 +135,8 @@ BurnResult gpu_burn(const BurnOptions& o,
     for (int k = 0; k < kBatch; ++k) {
       gemm(handle.get(), o.fp16, da.get(), db.get(), c.get(), n);
       launch_count_mismatch(reinterpret_cast<const std::uint32_t*>(c.get()),
-                            reinterpret_cast<const std::uint32_t*>(c_ref.get()), nn, counts.get() + k,
-                            prop.multiProcessorCount, stream.get());
+                            reinterpret_cast<const std::uint32_t*>(c_ref.get()), static_cast<std::int64_t>(nn),
+                            counts.get() + k, stream.get());
     }
     r.seconds += timer.stop_seconds();
     MF_GPU_CHECK(cudaMemcpy(host_counts.data(), counts.get(), kBatch * sizeof(unsigned long long),

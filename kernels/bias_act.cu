@@ -21,18 +21,6 @@ using namespace gpu;
 
 constexpr int kWarp = 32;
 
-// Streaming multiprocessors of the current device (132 on an H200), asked once: the
-// backward reduction sizes its grid by it.
-int sm_count() {
-  static const int count = [] {
-    int dev = 0, sms = 0;
-    MF_GPU_CHECK(cudaGetDevice(&dev));
-    MF_GPU_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-    return std::max(sms, 1);
-  }();
-  return count;
-}
-
 // ---- forward ----
 // y is seen as n / N vectors of N consecutive elements; N divides C, so a vector never
 // straddles two rows and its channels are c0 .. c0 + N - 1 with c0 = (i * N) % C. One thread

@@ -1,5 +1,5 @@
 // kernel_util.cuh: small pieces the custom kernels share: the element-wise launch shape,
-// alignment checks, f32/f16 conversions, and vector memory accesses.
+// the device's SM count, alignment checks, f32/f16 conversions, and vector memory accesses.
 #pragma once
 #include <cuda_fp16.h>
 
@@ -7,6 +7,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+
+#include "kernels/cuda_check.h"
 
 namespace mf::gpu {
 
@@ -18,6 +20,18 @@ constexpr std::int64_t kMaxBlocks = 4096;
 // Blocks for `work` threads' worth of items: at least 1, at most kMaxBlocks.
 inline int blocks_for(std::int64_t work) {
   return static_cast<int>(std::clamp<std::int64_t>((work + kBlock - 1) / kBlock, 1, kMaxBlocks));
+}
+
+// Streaming multiprocessors of the current device (132 on an H200), asked once: the
+// reductions size their grids by it.
+inline int sm_count() {
+  static const int count = [] {
+    int dev = 0, sms = 0;
+    MF_GPU_CHECK(cudaGetDevice(&dev));
+    MF_GPU_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    return std::max(sms, 1);
+  }();
+  return count;
 }
 
 // True when p is a multiple of `bytes`: the vectorised paths need it, the launchers check.

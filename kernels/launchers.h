@@ -96,4 +96,9 @@ void launch_adam_step_mixed(float* w, Half* half_w, Half* half_grad, float* m, f
 void launch_finish_step_mixed(std::int32_t* step, LossScaleState* scaler, std::int32_t growth_interval,
                               float min_scale, float max_scale, GpuStream stream);
 
+// ---- checks ----
+// *count += the number of i < n where the 32-bit words a[i] and b[i] differ (doctor --burn).
+void launch_count_mismatch(const std::uint32_t* a, const std::uint32_t* b, std::int64_t n, unsigned long long* count,
+                           GpuStream stream);
+
 }  // namespace mf

@@ -58,4 +58,9 @@ void launch_finish_step_mixed(std::int32_t*, LossScaleState*, std::int32_t, floa
   no_gpu("finish_step_mixed");
 }
 
+void launch_count_mismatch(const std::uint32_t*, const std::uint32_t*, std::int64_t, unsigned long long*,
+                           GpuStream) {
+  no_gpu("count_mismatch");
+}
+
 }  // namespace mf

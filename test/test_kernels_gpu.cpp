@@ -728,6 +728,34 @@ TEST(KernelsGpu, UnscaleCheckOnlySetsTheFlag) {
     }
 }
 
+// ---- the word comparison of doctor --burn ----
+
+// Words that differ in one bit anywhere (the sign, a NaN payload, the lowest bit) count;
+// equal words do not, NaNs included; the count adds to what is there. Sizes off the
+// block and warp multiples.
+TEST(KernelsGpu, CountMismatchCountsEveryDifferingWord) {
+  MF_SKIP_WITHOUT_GPU();
+  Rng rng(41);
+  for (std::int64_t n : {1, 31, 257, 70001}) {
+    SCOPED_TRACE(n);
+    std::vector<std::uint32_t> a(static_cast<std::size_t>(n)), b;
+    for (auto& w : a) w = static_cast<std::uint32_t>(rng.below(1ull << 32));
+    a[0] = 0x7fc00001u;  // a NaN, equal to itself word for word
+    b = a;
+    std::uint64_t expected = 0;
+    for (std::size_t i = 1; i < b.size(); i += 1 + rng.below(7)) {
+      b[i] ^= 1u << rng.below(32);
+      ++expected;
+    }
+    const std::uint64_t before = 5;
+    Tensor da = upload(a), db = upload(b), count = upload(std::vector<std::uint64_t>{before});
+    launch_count_mismatch(ptr<std::uint32_t>(da), ptr<std::uint32_t>(db), n, ptr<unsigned long long>(count), stream());
+    EXPECT_EQ(download<std::uint64_t>(count, 1)[0], before + expected);
+    launch_count_mismatch(ptr<std::uint32_t>(da), ptr<std::uint32_t>(da), n, ptr<unsigned long long>(count), stream());
+    EXPECT_EQ(download<std::uint64_t>(count, 1)[0], before + expected) << "a buffer against itself";
+  }
+}
+
 TEST(KernelsGpu, ZeroSizesLaunchNothing) {
   MF_SKIP_WITHOUT_GPU();
   // n == 0 must not launch (a grid of 0 blocks is a launch error), so null pointers are fine.
@@ -749,6 +777,7 @@ TEST(KernelsGpu, ZeroSizesLaunchNothing) {
     launch_unscale_check(nullptr, 0, nullptr, s);
     launch_adam_step_mixed(nullptr, nullptr, nullptr, nullptr, nullptr, 0, 1e-3f, 0.9f, 0.999f, 1e-7f, nullptr,
                            nullptr, s);
+    launch_count_mismatch(nullptr, nullptr, 0, nullptr, s);
     gpu_stream_synchronize(s);
   });
 }

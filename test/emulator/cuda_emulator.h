@@ -332,6 +332,12 @@ inline unsigned atomicAdd(unsigned* p, unsigned v) {
   *p = old + v;
   return old;
 }
+inline unsigned long long atomicAdd(unsigned long long* p, unsigned long long v) {
+  std::lock_guard<std::mutex> lock(mf::emulator::atomics_mutex());
+  const unsigned long long old = *p;
+  *p = old + v;
+  return old;
+}
 inline float atomicExch(float* p, float v) {
   std::lock_guard<std::mutex> lock(mf::emulator::atomics_mutex());
   const float old = *p;
