@@ -541,24 +541,26 @@ cudaError_t cudaFreeHost(void* p) {
 }
 
 // A blocking copy goes on the legacy default stream, so it does not wait for the work of
-// non-blocking streams (ours). As CUDA says: into the device it returns once a pageable
-// source is staged, not once the copy has landed; out of it, once the copy is done.
+// non-blocking streams (ours). As CUDA documents it: from pageable memory into the device it
+// returns once the source is staged, not once the copy has landed; from pinned memory, and
+// out of the device, once the copy is done; between two device buffers at once.
 cudaError_t cudaMemcpy(void* dst, const void* src, std::size_t bytes, cudaMemcpyKind kind) {
-  bool to_host = false, host_only = false, stage = false;
+  bool host_only = false, stage = false, wait = false;
   {
     std::lock_guard<std::mutex> lock(mu());
     if (refuse_unsafe_call()) return fail(cudaErrorStreamCaptureUnsupported);
     if (!copy_allowed(dst, src, bytes, kind)) return fail(cudaErrorInvalidValue);
-    to_host = device_range(dst, bytes) == 0;
-    host_only = to_host && device_range(src, bytes) == 0;
-    stage = !to_host && device_range(src, bytes) == 0 && !pinned_range(src, bytes);
+    const bool from_host = device_range(src, bytes) == 0, to_host = device_range(dst, bytes) == 0;
+    host_only = from_host && to_host;
+    stage = from_host && !pinned_range(src, bytes);
+    wait = to_host || (from_host && !stage);
   }
   if (host_only) {
     if (bytes) std::memmove(dst, src, bytes);
     return cudaSuccess;
   }
   const std::uint64_t mark = submit(nullptr, copy_work(dst, src, bytes, stage));
-  if (to_host) synchronize(legacy_queue(), mark);
+  if (wait) synchronize(legacy_queue(), mark);
   return cudaSuccess;
 }
 cudaError_t cudaMemcpyAsync(void* dst, const void* src, std::size_t bytes, cudaMemcpyKind kind, cudaStream_t s) {

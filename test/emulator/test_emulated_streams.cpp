@@ -154,6 +154,21 @@ TEST(EmulatedStreams, PinnedSourceIsReadWhenItsStreamRunsPageableAtTheCall) {
   EXPECT_EQ(d.read(d.y), 2);
 }
 
+// A blocking copy from the host has read its source when it returns: a pinned one is done,
+// a pageable one staged.
+TEST(EmulatedStreams, BlockingCopyFromTheHostHasReadItsSourceOnReturn) {
+  OrderGuard order(Order::kDeferred);
+  Device d;
+  std::memset(d.pinned, 2, kBytes);
+  ASSERT_EQ(cudaMemcpy(d.x, d.pinned, kBytes, cudaMemcpyHostToDevice), cudaSuccess);
+  std::memset(d.pinned, 3, kBytes);
+  std::vector<unsigned char> pageable(kBytes, 2);
+  ASSERT_EQ(cudaMemcpy(d.y, pageable.data(), kBytes, cudaMemcpyHostToDevice), cudaSuccess);
+  std::fill(pageable.begin(), pageable.end(), 3);
+  EXPECT_EQ(d.read(d.x), 2);
+  EXPECT_EQ(d.read(d.y), 2);
+}
+
 // cudaMemcpy goes on the legacy default stream, which does not wait for the work of
 // non-blocking streams.
 TEST(EmulatedStreams, BlockingCopyDoesNotWaitForNonBlockingStreams) {
