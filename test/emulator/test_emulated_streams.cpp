@@ -6,8 +6,11 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <condition_variable>
 #include <cstdint>
 #include <cstring>
+#include <mutex>
+#include <thread>
 #include <vector>
 
 #include "test/emulator/streams.h"
@@ -222,6 +225,90 @@ TEST(EmulatedStreams, DestroyedStreamsWorkStillRuns) {
   unsigned char v = 0;
   ASSERT_EQ(cudaMemcpy(&v, d.y, 1, cudaMemcpyDeviceToHost), cudaSuccess);
   EXPECT_EQ(v, 8);
+}
+
+// Two host threads drive two streams, as the prefetch pipeline does: one fills slot k of a
+// pinned buffer and copies it to the device on its stream, the other waits for that copy on
+// its own stream and reads the slot back; events in both directions keep a slot from being
+// refilled before it is read. Every batch must arrive whole, in every order, and (under
+// ThreadSanitizer) the emulation's own locking must hold with two threads queuing and
+// running work at once.
+TEST(EmulatedStreams, TwoThreadsHandingOffBatchesThroughEvents) {
+  constexpr int kSlots = 2, kBatches = 40;
+  for (Order o : kOrders) {
+    SCOPED_TRACE(order_name(o));
+    OrderGuard order(o);
+    cudaStream_t copy = nullptr, compute = nullptr;
+    ASSERT_EQ(cudaStreamCreateWithFlags(&copy, cudaStreamNonBlocking), cudaSuccess);
+    ASSERT_EQ(cudaStreamCreateWithFlags(&compute, cudaStreamNonBlocking), cudaSuccess);
+    cudaEvent_t copied[kSlots], consumed[kSlots];
+    unsigned char *pinned = nullptr, *staging = nullptr, *out = nullptr;
+    for (int k = 0; k < kSlots; ++k) {
+      ASSERT_EQ(cudaEventCreateWithFlags(&copied[k], cudaEventDisableTiming), cudaSuccess);
+      ASSERT_EQ(cudaEventCreateWithFlags(&consumed[k], cudaEventDisableTiming), cudaSuccess);
+    }
+    ASSERT_EQ(cudaMallocHost(reinterpret_cast<void**>(&pinned), kSlots * kBytes), cudaSuccess);
+    ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&staging), kSlots * kBytes), cudaSuccess);
+    ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&out), kBatches * kBytes), cudaSuccess);
+    std::mutex mu;
+    std::condition_variable cv;
+    int produced = 0, taken = 0;  // batches whose copy, and whose read, is queued
+    std::thread producer([&] {
+      for (int i = 0; i < kBatches; ++i) {
+        const int k = i % kSlots;
+        {
+          std::unique_lock<std::mutex> lock(mu);
+          cv.wait(lock, [&] { return taken > i - kSlots; });
+        }
+        EXPECT_EQ(cudaEventSynchronize(copied[k]), cudaSuccess);  // the slot's last copy has read it
+        std::memset(pinned + k * kBytes, i + 1, kBytes);
+        EXPECT_EQ(cudaStreamWaitEvent(copy, consumed[k], 0), cudaSuccess);  // and its last read is done
+        EXPECT_EQ(cudaMemcpyAsync(staging + k * kBytes, pinned + k * kBytes, kBytes, cudaMemcpyHostToDevice, copy),
+                  cudaSuccess);
+        EXPECT_EQ(cudaEventRecord(copied[k], copy), cudaSuccess);
+        {
+          std::lock_guard<std::mutex> lock(mu);
+          produced = i + 1;
+        }
+        cv.notify_all();
+      }
+    });
+    for (int i = 0; i < kBatches; ++i) {
+      const int k = i % kSlots;
+      {
+        std::unique_lock<std::mutex> lock(mu);
+        cv.wait(lock, [&] { return produced > i; });
+      }
+      EXPECT_EQ(cudaStreamWaitEvent(compute, copied[k], 0), cudaSuccess);
+      EXPECT_EQ(cudaMemcpyAsync(out + i * kBytes, staging + k * kBytes, kBytes, cudaMemcpyDeviceToDevice, compute),
+                cudaSuccess);
+      EXPECT_EQ(cudaEventRecord(consumed[k], compute), cudaSuccess);
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        taken = i + 1;
+      }
+      cv.notify_all();
+      if (i % 7 == 3) {  // now and then, as the progress report does
+        EXPECT_EQ(cudaStreamSynchronize(compute), cudaSuccess);
+      }
+    }
+    producer.join();
+    ASSERT_EQ(cudaStreamSynchronize(compute), cudaSuccess);
+    std::vector<unsigned char> got(kBatches * kBytes);
+    ASSERT_EQ(cudaMemcpy(got.data(), out, got.size(), cudaMemcpyDeviceToHost), cudaSuccess);
+    for (int i = 0; i < kBatches; ++i)
+      for (std::size_t j = 0; j < kBytes; j += kBytes - 1)
+        ASSERT_EQ(got[i * kBytes + j], i + 1) << "batch " << i << ", byte " << j;
+    EXPECT_EQ(cudaFree(out), cudaSuccess);
+    EXPECT_EQ(cudaFree(staging), cudaSuccess);
+    EXPECT_EQ(cudaFreeHost(pinned), cudaSuccess);
+    for (int k = 0; k < kSlots; ++k) {
+      EXPECT_EQ(cudaEventDestroy(copied[k]), cudaSuccess);
+      EXPECT_EQ(cudaEventDestroy(consumed[k]), cudaSuccess);
+    }
+    EXPECT_EQ(cudaStreamDestroy(compute), cudaSuccess);
+    EXPECT_EQ(cudaStreamDestroy(copy), cudaSuccess);
+  }
 }
 
 }  // namespace
