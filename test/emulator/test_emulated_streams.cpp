@@ -9,8 +9,10 @@
 #include <condition_variable>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <mutex>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "test/emulator/streams.h"
@@ -94,13 +96,20 @@ int producer_then_consumer(bool wait) {
   return d.read(d.y);
 }
 
-TEST(EmulatedStreams, DeferredShowsAConsumerThatDoesNotWaitForItsProducer) {
+// Runs a racy program with its wait and without, in every order: with the wait it gives
+// `right` in all of them; without it, `wrong` in the order that shows the race, and `right`
+// in the others (which is how the race goes unseen there).
+void check_race(int (*program)(bool wait), int right, int wrong, Order shows) {
   for (Order o : kOrders) {
     SCOPED_TRACE(order_name(o));
     OrderGuard order(o);
-    EXPECT_EQ(producer_then_consumer(/*wait=*/true), 7);
-    EXPECT_EQ(producer_then_consumer(/*wait=*/false), o == Order::kDeferred ? 1 : 7);
+    EXPECT_EQ(program(/*wait=*/true), right);
+    EXPECT_EQ(program(/*wait=*/false), o == shows ? wrong : right);
   }
+}
+
+TEST(EmulatedStreams, DeferredShowsAConsumerThatDoesNotWaitForItsProducer) {
+  check_race(producer_then_consumer, /*right=*/7, /*wrong=*/1, Order::kDeferred);
 }
 
 // Stream b copies x to y (the consumer, queued first); stream a then refills x. Without a
@@ -121,12 +130,7 @@ int consumer_then_refill(bool wait) {
 }
 
 TEST(EmulatedStreams, OthersFirstShowsARefillThatDoesNotWaitForTheConsumer) {
-  for (Order o : kOrders) {
-    SCOPED_TRACE(order_name(o));
-    OrderGuard order(o);
-    EXPECT_EQ(consumer_then_refill(/*wait=*/true), 1);
-    EXPECT_EQ(consumer_then_refill(/*wait=*/false), o == Order::kOthersFirst ? 9 : 1);
-  }
+  check_race(consumer_then_refill, /*right=*/1, /*wrong=*/9, Order::kOthersFirst);
 }
 
 // A copy into pinned host memory lands when its stream gets to it: the host reads the old
@@ -142,34 +146,40 @@ TEST(EmulatedStreams, PinnedMemoryReceivesACopyOnlyWhenItsStreamRuns) {
   EXPECT_EQ(d.pinned[kBytes - 1], 5);
 }
 
-// A copy from pinned memory reads it when its stream gets to it, so refilling the buffer
-// before the copy has run changes what arrives; pageable memory is read (staged) at the call.
+// Copies a pinned buffer of 2s into x and a pageable one into y with `copy`, refills both
+// sources with 3s as soon as the calls return, and gives what x and y received.
+std::pair<int, int> copies_from_refilled_sources(Device& d,
+                                                 const std::function<cudaError_t(void*, const void*)>& copy) {
+  std::memset(d.pinned, 2, kBytes);
+  std::vector<unsigned char> pageable(kBytes, 2);
+  EXPECT_EQ(copy(d.x, d.pinned), cudaSuccess);
+  EXPECT_EQ(copy(d.y, pageable.data()), cudaSuccess);
+  std::memset(d.pinned, 3, kBytes);
+  std::fill(pageable.begin(), pageable.end(), 3);
+  return {d.read(d.x), d.read(d.y)};
+}
+
+// An asynchronous copy from pinned memory reads it when its stream gets to it, so refilling
+// the buffer before that changes what arrives; pageable memory is read (staged) at the call.
 TEST(EmulatedStreams, PinnedSourceIsReadWhenItsStreamRunsPageableAtTheCall) {
   OrderGuard order(Order::kDeferred);
   Device d;
-  std::memset(d.pinned, 2, kBytes);
-  ASSERT_EQ(cudaMemcpyAsync(d.x, d.pinned, kBytes, cudaMemcpyHostToDevice, d.a), cudaSuccess);
-  std::memset(d.pinned, 3, kBytes);  // too early: the copy has not run
-  std::vector<unsigned char> pageable(kBytes, 2);
-  ASSERT_EQ(cudaMemcpyAsync(d.y, pageable.data(), kBytes, cudaMemcpyHostToDevice, d.a), cudaSuccess);
-  std::fill(pageable.begin(), pageable.end(), 3);
-  EXPECT_EQ(d.read(d.x), 3);
-  EXPECT_EQ(d.read(d.y), 2);
+  const auto got = copies_from_refilled_sources(d, [&](void* dst, const void* src) {
+    return cudaMemcpyAsync(dst, src, kBytes, cudaMemcpyHostToDevice, d.a);
+  });
+  EXPECT_EQ(got.first, 3) << "pinned";
+  EXPECT_EQ(got.second, 2) << "pageable";
 }
 
-// A blocking copy from the host has read its source when it returns: a pinned one is done,
-// a pageable one staged.
+// A blocking copy from the host has read its source when it returns: from pinned memory it
+// is done, from pageable memory staged.
 TEST(EmulatedStreams, BlockingCopyFromTheHostHasReadItsSourceOnReturn) {
   OrderGuard order(Order::kDeferred);
   Device d;
-  std::memset(d.pinned, 2, kBytes);
-  ASSERT_EQ(cudaMemcpy(d.x, d.pinned, kBytes, cudaMemcpyHostToDevice), cudaSuccess);
-  std::memset(d.pinned, 3, kBytes);
-  std::vector<unsigned char> pageable(kBytes, 2);
-  ASSERT_EQ(cudaMemcpy(d.y, pageable.data(), kBytes, cudaMemcpyHostToDevice), cudaSuccess);
-  std::fill(pageable.begin(), pageable.end(), 3);
-  EXPECT_EQ(d.read(d.x), 2);
-  EXPECT_EQ(d.read(d.y), 2);
+  const auto got = copies_from_refilled_sources(
+      d, [](void* dst, const void* src) { return cudaMemcpy(dst, src, kBytes, cudaMemcpyHostToDevice); });
+  EXPECT_EQ(got.first, 2) << "pinned";
+  EXPECT_EQ(got.second, 2) << "pageable";
 }
 
 // cudaMemcpy goes on the legacy default stream, which does not wait for the work of
@@ -253,41 +263,38 @@ TEST(EmulatedStreams, TwoThreadsHandingOffBatchesThroughEvents) {
     std::mutex mu;
     std::condition_variable cv;
     int produced = 0, taken = 0;  // batches whose copy, and whose read, is queued
+    const auto wait_until = [&](int& counter, int at_least) {
+      std::unique_lock<std::mutex> lock(mu);
+      cv.wait(lock, [&] { return counter >= at_least; });
+    };
+    const auto publish = [&](int& counter, int value) {
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        counter = value;
+      }
+      cv.notify_all();
+    };
     std::thread producer([&] {
       for (int i = 0; i < kBatches; ++i) {
         const int k = i % kSlots;
-        {
-          std::unique_lock<std::mutex> lock(mu);
-          cv.wait(lock, [&] { return taken > i - kSlots; });
-        }
+        wait_until(taken, i - kSlots + 1);  // the slot's last batch has been queued for reading
         EXPECT_EQ(cudaEventSynchronize(copied[k]), cudaSuccess);  // the slot's last copy has read it
         std::memset(pinned + k * kBytes, i + 1, kBytes);
         EXPECT_EQ(cudaStreamWaitEvent(copy, consumed[k], 0), cudaSuccess);  // and its last read is done
         EXPECT_EQ(cudaMemcpyAsync(staging + k * kBytes, pinned + k * kBytes, kBytes, cudaMemcpyHostToDevice, copy),
                   cudaSuccess);
         EXPECT_EQ(cudaEventRecord(copied[k], copy), cudaSuccess);
-        {
-          std::lock_guard<std::mutex> lock(mu);
-          produced = i + 1;
-        }
-        cv.notify_all();
+        publish(produced, i + 1);
       }
     });
     for (int i = 0; i < kBatches; ++i) {
       const int k = i % kSlots;
-      {
-        std::unique_lock<std::mutex> lock(mu);
-        cv.wait(lock, [&] { return produced > i; });
-      }
+      wait_until(produced, i + 1);
       EXPECT_EQ(cudaStreamWaitEvent(compute, copied[k], 0), cudaSuccess);
       EXPECT_EQ(cudaMemcpyAsync(out + i * kBytes, staging + k * kBytes, kBytes, cudaMemcpyDeviceToDevice, compute),
                 cudaSuccess);
       EXPECT_EQ(cudaEventRecord(consumed[k], compute), cudaSuccess);
-      {
-        std::lock_guard<std::mutex> lock(mu);
-        taken = i + 1;
-      }
-      cv.notify_all();
+      publish(taken, i + 1);
       if (i % 7 == 3) {  // now and then, as the progress report does
         EXPECT_EQ(cudaStreamSynchronize(compute), cudaSuccess);
       }
