@@ -1,8 +1,11 @@
 // bench_common.cpp: shared helpers of the benchmark suites (see bench_common.h).
 #include "bench/bench_common.h"
 
+#include <cerrno>
+#include <cstdlib>
 #include <fstream>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -14,6 +17,21 @@
 #include "tensor/rng.h"
 
 namespace mf::bench {
+
+std::int64_t epoch_images() {
+  static const std::int64_t n = [] {
+    const char* v = std::getenv("MF_BENCH_EPOCH_IMAGES");
+    if (!v || !*v) return std::int64_t{48000};
+    char* end = nullptr;
+    errno = 0;
+    const long long parsed = std::strtoll(v, &end, 10);
+    if (errno != 0 || *end != '\0' || parsed < 1 || parsed > 10000000)
+      throw std::invalid_argument(std::string("MF_BENCH_EPOCH_IMAGES=") + v +
+                                  ": expected a number of images from 1 to 10000000");
+    return static_cast<std::int64_t>(parsed);
+  }();
+  return n;
+}
 
 int max_threads() {
   static const int n = available_cpus();

@@ -80,7 +80,7 @@ void BM_EpochMemoryGpu(benchmark::State& state, std::int64_t batch) {
   a.reset_peak();
   const double used_before = device_used_mib();
   Sequential model = make_model(Device::kGpu, DType::kF32);
-  static const data::Dataset train = synthetic_mnist(kEpochImages, 7);
+  static const data::Dataset train = synthetic_mnist(epoch_images(), 7);
   FitOptions o;
   o.epochs = 1;
   o.batch_size = batch;
@@ -98,7 +98,7 @@ void BM_EpochMemoryGpu(benchmark::State& state, std::int64_t batch) {
 void BM_LimitGpu(benchmark::State& state, std::int64_t limit_mib) {
   MF_BENCH_REQUIRE_GPU(state);
   DeviceAllocator& a = DeviceAllocator::instance();
-  static const data::Dataset train = synthetic_mnist(kEpochImages, 7);
+  static const data::Dataset train = synthetic_mnist(epoch_images(), 7);
   const std::size_t limit = static_cast<std::size_t>(limit_mib) << 20;
   std::int64_t ok_batch = 0, oom_batch = 0;
   std::size_t max_peak = 0;

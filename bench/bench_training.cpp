@@ -5,7 +5,8 @@
 //   claim 5  FP16 vs FP32 step time (the GPU sweep runs both)
 //   claim 6  the step replayed as a CUDA graph vs launched eagerly
 //   claim 9  how busy the GPU is during an epoch
-// An epoch is 48,000 synthetic images (bench_common.h: timings do not depend on pixel values).
+// An epoch is 48,000 synthetic images (bench_common.h: timings do not depend on pixel values;
+// MF_BENCH_EPOCH_IMAGES makes it smaller for smoke runs).
 #include <algorithm>
 #include <cstdint>
 #include <string>
@@ -27,11 +28,13 @@ namespace mf::bench {
 namespace {
 
 const data::Dataset& epoch_data() {
-  static const data::Dataset d = synthetic_mnist(kEpochImages, 7);
+  static const data::Dataset d = synthetic_mnist(epoch_images(), 7);
   return d;
 }
 
-double steps_per_epoch(std::int64_t batch) { return static_cast<double>(data::num_batches(kEpochImages, batch)); }
+double steps_per_epoch(std::int64_t batch) {
+  return static_cast<double>(data::num_batches(epoch_images(), batch));
+}
 
 // Per-step, per-image and per-epoch counters from the time of one step (the benchmark's
 // iteration). kInvert turns "steps per second" into seconds: epoch_s = step time x steps.
@@ -75,8 +78,9 @@ EpochLog timed_epoch(Sequential& model, const FitOptions& base) {
   FitOptions o = base;
   o.epochs = 1;
   o.seed = 11;
-  const std::int64_t rest = kEpochImages % o.batch_size;
-  const data::Dataset warm = data::subset(train, 0, std::min(kEpochImages, kWarmSteps * o.batch_size + rest));
+  const std::int64_t rest = epoch_images() % o.batch_size;
+  const data::Dataset warm =
+      data::subset(train, 0, std::min(epoch_images(), kWarmSteps * o.batch_size + rest));
   model.fit(warm, nullptr, o);
   const History h = model.fit(train, nullptr, o);
   return h.epochs.back();
@@ -90,7 +94,7 @@ void BM_EpochCpu(benchmark::State& state, std::int64_t batch, int threads) {
   for (auto _ : state) state.SetIterationTime(timed_epoch(model, o).train_seconds);
   state.counters["threads"] = threads;
   state.counters["images/s"] =
-      benchmark::Counter(static_cast<double>(kEpochImages), benchmark::Counter::kIsIterationInvariantRate);
+      benchmark::Counter(static_cast<double>(epoch_images()), benchmark::Counter::kIsIterationInvariantRate);
 }
 
 struct GpuConfig {
@@ -102,7 +106,7 @@ struct GpuConfig {
 
 void set_epoch_counters(benchmark::State& state, std::int64_t batch) {
   using C = benchmark::Counter;
-  state.counters["images/s"] = C(static_cast<double>(kEpochImages), C::kIsIterationInvariantRate);
+  state.counters["images/s"] = C(static_cast<double>(epoch_images()), C::kIsIterationInvariantRate);
   // Mean step time: epoch time / steps.
   state.counters["step_us"] = C(1e-6 * steps_per_epoch(batch), C::kIsIterationInvariantRate | C::kInvert);
 }
@@ -128,6 +132,7 @@ void BM_EpochGpu(benchmark::State& state, GpuConfig cfg) {
 // including the ~1 us gaps between a graph's kernels (so the fraction leans high by those).
 // Then busy = (device time per step x steps) / the wall time of a real epoch of fit() in
 // the configuration under test. The step has no batch gather (a few us): that leans low.
+// At most as many replays as the epoch has steps (an epoch made small for a smoke run).
 constexpr int kReplays = 200;
 
 void BM_BusyGpu(benchmark::State& state, GpuConfig cfg) {
@@ -158,8 +163,9 @@ void BM_BusyGpu(benchmark::State& state, GpuConfig cfg) {
   MF_GPU_CHECK(cudaStreamSynchronize(s));
   EventTimer timer(s);
   timer.start();
-  for (int i = 0; i < kReplays; ++i) MF_GPU_CHECK(cudaGraphLaunch(exec.get(), s));
-  const double device_step = timer.stop_seconds() / kReplays;
+  const int replays = static_cast<int>(std::min<double>(kReplays, steps_per_epoch(cfg.batch)));
+  for (int i = 0; i < replays; ++i) MF_GPU_CHECK(cudaGraphLaunch(exec.get(), s));
+  const double device_step = timer.stop_seconds() / replays;
 
   FitOptions o;
   o.batch_size = cfg.batch;
