@@ -131,14 +131,18 @@ cudaError_t fail(cudaError_t e) {
 
 std::atomic<bool> fail_instantiate{false};  // fail_next_graph_instantiate()
 
-// True when [p, p + bytes) lies inside one cudaMallocHost allocation. Caller holds mu().
-bool pinned_range(const void* p, std::size_t bytes) {
+// Where [p, p + bytes) lies among the allocations of `m` (start -> bytes): 0 outside them,
+// 1 inside one, -1 starting in one and running past its end. Caller holds mu().
+int range_in(const std::map<const char*, std::size_t>& m, const void* p, std::size_t bytes) {
   const char* q = static_cast<const char*>(p);
-  auto it = pinned().upper_bound(q);
-  if (it == pinned().begin()) return false;
+  auto it = m.upper_bound(q);
+  if (it == m.begin()) return 0;
   --it;
-  return q + bytes <= it->first + it->second;
+  if (q >= it->first + it->second) return 0;
+  return q + bytes <= it->first + it->second ? 1 : -1;
 }
+// True when [p, p + bytes) lies inside one cudaMallocHost allocation. Caller holds mu().
+bool pinned_range(const void* p, std::size_t bytes) { return range_in(pinned(), p, bytes) == 1; }
 
 // ---- the order work runs in (streams.h) ----
 
@@ -172,8 +176,9 @@ std::vector<std::shared_ptr<Queue>>& orphans() {
 }
 std::shared_ptr<Queue> queue_of(CUstream_st* s) { return s ? s->queue : legacy_queue(); }
 
-// Every queue with its current end, to run up to. Caller holds mu().
+// Every queue with its current end, to run up to (caller does not hold mu()).
 std::vector<std::pair<std::shared_ptr<Queue>, std::uint64_t>> all_queues() {
+  std::lock_guard<std::mutex> lock(mu());
   std::vector<std::pair<std::shared_ptr<Queue>, std::uint64_t>> v;
   v.emplace_back(legacy_queue(), legacy_queue()->queued);
   for (CUstream_st* s : streams_alive()) v.emplace_back(s->queue, s->queue->queued);
@@ -219,24 +224,13 @@ void run_until(const std::shared_ptr<Queue>& q, std::uint64_t mark) {
 // What a synchronisation with `mark` of q's work does: runs it, and in kOthersFirst first
 // everything the other streams have queued (caller does not hold mu()).
 void synchronize(const std::shared_ptr<Queue>& q, std::uint64_t mark) {
-  if (current_order() == mf::emulator::Order::kOthersFirst) {
-    std::vector<std::pair<std::shared_ptr<Queue>, std::uint64_t>> others;
-    {
-      std::lock_guard<std::mutex> lock(mu());
-      others = all_queues();
-    }
-    for (const auto& [other, end] : others)
+  if (current_order() == mf::emulator::Order::kOthersFirst)
+    for (const auto& [other, end] : all_queues())
       if (other != q) run_until(other, end);
-  }
   run_until(q, mark);
 }
 void synchronize_all() {
-  std::vector<std::pair<std::shared_ptr<Queue>, std::uint64_t>> queues;
-  {
-    std::lock_guard<std::mutex> lock(mu());
-    queues = all_queues();
-  }
-  for (const auto& [q, end] : queues) run_until(q, end);
+  for (const auto& [q, end] : all_queues()) run_until(q, end);
   std::lock_guard<std::mutex> lock(mu());
   auto& o = orphans();
   for (auto it = o.begin(); it != o.end();) it = (*it)->done == (*it)->queued ? o.erase(it) : it + 1;
@@ -253,16 +247,17 @@ std::function<void()> wait_for(std::shared_ptr<Queue> t, std::uint64_t mark) {
 // Caller holds mu().
 std::uint64_t push(CUstream_st* s, std::function<void()> work) {
   Queue& q = *queue_of(s);
-  const auto pending = [](const Queue& t) { return t.done < t.queued; };
+  const auto wait_for_all_of = [&q](const std::shared_ptr<Queue>& t) {
+    if (t->done == t->queued) return;  // nothing of it left to wait for
+    q.pending.push_back(wait_for(t, t->queued));
+    ++q.queued;
+  };
+  const auto blocking = [](const CUstream_st* b) { return !(b->flags & cudaStreamNonBlocking); };
   if (!s) {
     for (CUstream_st* b : streams_alive())
-      if (!(b->flags & cudaStreamNonBlocking) && pending(*b->queue)) {
-        q.pending.push_back(wait_for(b->queue, b->queue->queued));
-        ++q.queued;
-      }
-  } else if (!(s->flags & cudaStreamNonBlocking) && pending(*legacy_queue())) {
-    q.pending.push_back(wait_for(legacy_queue(), legacy_queue()->queued));
-    ++q.queued;
+      if (blocking(b)) wait_for_all_of(b->queue);
+  } else if (blocking(s)) {
+    wait_for_all_of(legacy_queue());
   }
   q.pending.push_back(std::move(work));
   return ++q.queued;
@@ -317,14 +312,7 @@ bool refuse_unsafe_call() {
 
 // Where [p, p + bytes) lies: 0 outside device memory, 1 inside one allocation, -1 starting
 // in an allocation and running past its end. Caller holds mu().
-int device_range(const void* p, std::size_t bytes) {
-  const char* q = static_cast<const char*>(p);
-  auto it = allocations().upper_bound(q);
-  if (it == allocations().begin()) return 0;
-  --it;
-  if (q >= it->first + it->second) return 0;
-  return q + bytes <= it->first + it->second ? 1 : -1;
-}
+int device_range(const void* p, std::size_t bytes) { return range_in(allocations(), p, bytes); }
 
 bool copy_allowed(void* dst, const void* src, std::size_t bytes, cudaMemcpyKind kind) {
   const int d = device_range(dst, bytes), s = device_range(src, bytes);
@@ -347,8 +335,6 @@ bool copy_allowed(void* dst, const void* src, std::size_t bytes, cudaMemcpyKind 
 }  // namespace
 
 namespace mf::emulator {
-
-Order order() { return current_order(); }
 
 Order set_order(Order o) {
   synchronize_all();

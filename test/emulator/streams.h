@@ -2,7 +2,7 @@
 // (cuda_emulator.h), copies and memsets (fake_cudart.cpp), GEMMs (fake_cublas.cpp) and
 // convolutions (fake_cudnn.cpp) all go through enqueue(). On a stream being captured into a
 // CUDA graph the work is recorded and runs when the graph is launched; otherwise it runs in
-// one of the orders a GPU may run it in, chosen by order() below.
+// one of the orders a GPU may run it in, chosen by MF_EMULATED_STREAMS (below).
 //
 // A GPU promises only this: the work of a stream runs in the order it was queued, after
 // whatever the events the stream waits on stand for, and before a synchronisation with it
@@ -28,10 +28,9 @@ struct CUstream_st;  // cudaStream_t is CUstream_st*, in the real headers and in
 
 namespace mf::emulator {
 
+// The order of a run is MF_EMULATED_STREAMS, or kDeferred when it is not set; a value that is
+// not one of the three stops the program with a message (a typo would test nothing).
 enum class Order { kDeferred, kOthersFirst, kImmediate };
-// The order of this run: MF_EMULATED_STREAMS, or kDeferred when it is not set. A value that
-// is not one of the three stops the program with a message (a typo would test nothing).
-Order order();
 // For tests of the emulation itself: sets the order, returning the one it replaces. The work
 // queued until then runs first.
 Order set_order(Order o);
