@@ -3,21 +3,24 @@
 // each `kernel<<<blocks, threads, 0, stream>>>(args)` into `mf::emulator::launch(...)`; this
 // header supplies everything else the kernels name.
 //
-// How a launch runs: its blocks one after another; the threads of a block as real threads,
-// all alive at once, so __syncthreads() is a real barrier (pthread_barrier_t) and a warp
-// shuffle really exchanges values between the 32 threads of a warp. __shared__ becomes
-// `static`: one copy per kernel instantiation, which is per block since blocks run in turn.
-// When no thread of block 0 synchronised (an element-wise kernel), the later blocks' threads
-// run one after another on one thread instead: the same results without a thread switch
-// per emulated thread. A launch is queued on its stream (streams.h): it runs when the stream
-// gets to it (in test_kernels_emulated, at once), or when the CUDA graph it was captured into
-// is launched.
+// How a launch runs: its blocks in a shuffled order, several at once (launch, below); the
+// threads of a block as real threads, so __syncthreads() is a real barrier and a warp
+// shuffle really exchanges values between the 32 threads of a warp. Between two barriers
+// one warp of a block runs at a time, the warps in a shuffled order (Block). Each block has
+// its own __shared__ variables (translate_launches rewrites their declarations), filled
+// with poison when the block starts. When no thread of the first block synchronised (an
+// element-wise kernel), the later blocks' threads run one after another instead: the same
+// results without a thread switch per emulated thread. A launch is queued on its stream
+// (streams.h): it runs when the stream gets to it (in test_kernels_emulated, at once), or
+// when the CUDA graph it was captured into is launched.
 //
-// What it checks: indexing, grid-stride loops, reductions, barriers, shuffles, the f16
-// conversions bit for bit (round to nearest even, NaNs made canonical as the hardware does),
-// and, under AddressSanitizer, every access against the exact bytes allocated.
+// What it checks: indexing, grid-stride loops, reductions, barriers (a missing one lets a
+// warp read poison), reductions across blocks (one that trusts the order blocks run or
+// finish in, or the order atomics land in, gets other bits or wrong sums), shuffles, the
+// f16 conversions bit for bit (round to nearest even, NaNs made canonical as the hardware
+// does), and, under AddressSanitizer, every access against the exact bytes allocated.
 // What it cannot: speed, the memory model (threads here see each other's writes sooner
-// than a GPU guarantees), fused multiply-adds the GPU compiler may form (tolerances in the
+// than a GPU guarantees: a missing __threadfence cannot show, see __threadfence below), fused multiply-adds the GPU compiler may form (tolerances in the
 // tests allow for them). cuDNN and cuBLAS are fake_cudnn.cpp and fake_cublas.cpp.
 #pragma once
 #include <pthread.h>
@@ -26,10 +29,17 @@
 #include <array>
 #include <atomic>
 #include <condition_variable>
+#include <cerrno>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <cstdint>
 #include <cstring>
+#include <exception>
 #include <functional>
+#include <memory>
+#include <new>
+#include <random>
 #include <mutex>
 #include <stdexcept>
 #include <string>
@@ -68,7 +78,9 @@ inline cudaError_t cudaMemsetAsync(void* p, int value, std::size_t bytes, cudaSt
 #define __device__
 #define __host__
 #define __forceinline__ inline
-#define __shared__ static
+// __shared__ declarations are rewritten by translate_launches (block_shared, below); one
+// left over would be shared by concurrent blocks, so it does not compile.
+#define __shared__ __shared___not_translated_by_translate_launches
 
 struct dim3 {
   unsigned x = 1, y = 1, z = 1;
@@ -142,28 +154,156 @@ namespace mf::emulator {
 constexpr int kWarp = 32;
 constexpr int kMaxThreads = 1024;  // per block, as on every CUDA GPU since 2010
 
-// What the threads of the block being run share: the block barrier, one barrier and one
-// exchange slot per lane for each warp (shuffles), and the flag of __syncthreads_or.
+// ---- the schedule: which block runs when, which warp runs first ----
+// A GPU runs a grid's blocks in no promised order, several at once, and a block's warps in
+// any order between two barriers. The emulation picks one such schedule per launch from a
+// seed: MF_EMULATED_SEED (a number) repeats a run's schedules; unset, each run draws its own
+// and says which on its first launch. MF_EMULATED_BLOCKS (default 4) blocks run at once.
+inline std::uint64_t splitmix64(std::uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+// A number from the environment variable `name`, `fallback` when unset; anything else that
+// is not a whole number in [lo, hi] stops the program (a typo would test nothing).
+inline std::uint64_t env_number(const char* name, std::uint64_t fallback, std::uint64_t lo, std::uint64_t hi) {
+  const char* v = std::getenv(name);
+  if (!v || !*v) return fallback;
+  char* end = nullptr;
+  errno = 0;
+  const unsigned long long x = std::strtoull(v, &end, 10);
+  if (errno || *end || *v == '-' || x < lo || x > hi) {
+    std::fprintf(stderr, "cuda emulator: %s=%s is not a whole number from %llu to %llu\n", name, v,
+                 static_cast<unsigned long long>(lo), static_cast<unsigned long long>(hi));
+    std::abort();
+  }
+  return x;
+}
+inline std::uint64_t schedule_seed() {
+  static const std::uint64_t seed = [] {
+    const std::uint64_t drawn = (static_cast<std::uint64_t>(std::random_device{}()) << 32) ^ std::random_device{}();
+    const bool given = std::getenv("MF_EMULATED_SEED") && *std::getenv("MF_EMULATED_SEED");
+    const std::uint64_t s = env_number("MF_EMULATED_SEED", drawn % 1000000007ull, 0, ~0ull);
+    if (!given)
+      std::fprintf(stderr, "cuda emulator: blocks and warps run in shuffled orders, seed %llu "
+                           "(MF_EMULATED_SEED=%llu runs the same orders again)\n",
+                   static_cast<unsigned long long>(s), static_cast<unsigned long long>(s));
+    return s;
+  }();
+  return seed;
+}
+inline int concurrent_blocks() {
+  static const int n = static_cast<int>(env_number("MF_EMULATED_BLOCKS", 4, 1, 64));
+  return n;
+}
+// Launch k of the program gets its own seed: the schedules differ from launch to launch.
+inline std::uint64_t next_launch_seed() {
+  static std::atomic<std::uint64_t> launches{0};
+  return splitmix64(schedule_seed() ^ splitmix64(launches.fetch_add(1)));
+}
+// Fisher-Yates with a splitmix stream.
+inline void shuffle(std::vector<int>& v, std::uint64_t seed) {
+  for (std::size_t i = v.size(); i > 1; --i) {
+    seed = splitmix64(seed);
+    std::swap(v[i - 1], v[static_cast<std::size_t>(seed % i)]);
+  }
+}
+
+// What the threads of one block share: its __shared__ variables, the turns its warps take,
+// one barrier and one exchange slot per lane for each warp (shuffles), and the flag of
+// __syncthreads_or.
+//
+// Warps take turns: between two __syncthreads() only one warp of the block runs (its 32
+// threads at once, so shuffles work), the warps in a shuffled order that is drawn again at
+// every barrier. A GPU may schedule a block so, which makes a missing __syncthreads() show:
+// the warp that reads what another writes may run first and read the poison that fresh
+// __shared__ memory is filled with (0xff bytes: NaN in f32 and f16, -1 in integers).
 struct Block {
-  Block(int n, bool run_sequentially)
-      : threads(n), warps((n + kWarp - 1) / kWarp), sequential(run_sequentially), warp_barriers(warps), slots(warps) {
-    pthread_barrier_init(&barrier, nullptr, static_cast<unsigned>(n));
-    for (int w = 0; w < warps; ++w)
-      pthread_barrier_init(&warp_barriers[w], nullptr, static_cast<unsigned>(std::min(kWarp, n - kWarp * w)));
+  Block(int n, bool run_sequentially, std::uint64_t block_seed)
+      : threads(n), warps((n + kWarp - 1) / kWarp), sequential(run_sequentially), seed(block_seed),
+        live(warps), arrived(warps, 0), turns(warps), warp_barriers(warps), slots(warps) {
+    for (int w = 0; w < warps; ++w) {
+      live[w] = std::min(kWarp, n - kWarp * w);
+      pthread_barrier_init(&warp_barriers[w], nullptr, static_cast<unsigned>(live[w]));
+    }
+    new_phase();
   }
   ~Block() {
-    pthread_barrier_destroy(&barrier);
     for (auto& b : warp_barriers) pthread_barrier_destroy(&b);
   }
   Block(const Block&) = delete;
   Block& operator=(const Block&) = delete;
+
+  // The storage of the __shared__ variable `key` (one per declaration, see block_shared),
+  // made and poisoned by the first thread that asks.
+  void* shared_memory(const void* key, std::size_t bytes) {
+    std::lock_guard<std::mutex> lock(shared_mu);
+    for (auto& [k, mem] : shared)
+      if (k == key) return mem.get();
+    // max_align_t: 16-byte aligned, as a float4 or uint4 in shared memory needs.
+    std::unique_ptr<std::max_align_t[]> mem(new std::max_align_t[(bytes + sizeof(std::max_align_t) - 1) /
+                                                                  sizeof(std::max_align_t)]);
+    std::memset(mem.get(), 0xff, bytes);
+    shared.emplace_back(key, std::move(mem));
+    return shared.back().second.get();
+  }
+
+  // ---- warp turns (threaded blocks only) ----
+  // A thread starts when its warp's turn comes.
+  void enter(int warp) {
+    std::unique_lock<std::mutex> lock(mu);
+    turns[warp].wait(lock, [&] { return order[turn] == warp; });
+  }
+  // __syncthreads(): the warp's turn ends when all its live threads are here; the barrier
+  // opens when every warp's has.
+  void barrier(int warp) {
+    std::unique_lock<std::mutex> lock(mu);
+    const long at = phase;
+    if (++arrived[warp] == live[warp]) pass_turn();
+    turns[warp].wait(lock, [&] { return phase != at && order[turn] == warp; });
+  }
+  // A thread that returns no longer holds up its warp or the barrier (as on sm_70 and later).
+  void exit(int warp) {
+    std::unique_lock<std::mutex> lock(mu);
+    if (--live[warp] == arrived[warp]) pass_turn();
+  }
+
   int threads, warps;
-  bool sequential;                     // threads run one after another: no barrier can work
+  bool sequential;                        // threads run one after another: no barrier can work
   std::atomic<bool> synchronised{false};  // a thread reached a barrier or a shuffle
-  pthread_barrier_t barrier;
+  std::uint64_t seed;
+  std::mutex mu;
+  std::vector<int> live, arrived, order;  // per warp: threads not returned, at the barrier; turn order
+  std::size_t turn = 0;
+  long phase = 0;
+  std::vector<std::condition_variable> turns;
   std::vector<pthread_barrier_t> warp_barriers;
   std::vector<std::array<std::uint64_t, kWarp>> slots;
   std::atomic<int> or_flag{0};
+  std::mutex shared_mu;
+  std::vector<std::pair<const void*, std::unique_ptr<std::max_align_t[]>>> shared;
+
+ private:
+  // Under mu: the next warp that still has live threads, or the next phase.
+  void pass_turn() {
+    for (++turn; turn < order.size() && live[order[turn]] == 0; ++turn) {
+    }
+    if (turn == order.size()) {
+      ++phase;
+      new_phase();
+      if (order.empty()) return;  // every thread has returned
+    }
+    turns[order[turn]].notify_all();
+  }
+  void new_phase() {
+    order.clear();
+    for (int w = 0; w < warps; ++w)
+      if (live[w] > 0) order.push_back(w);
+    std::fill(arrived.begin(), arrived.end(), 0);
+    shuffle(order, splitmix64(seed + static_cast<std::uint64_t>(phase)));
+    turn = 0;
+  }
 };
 inline thread_local Block* this_block = nullptr;
 inline thread_local int this_thread = 0;  // linear index in the block
@@ -172,17 +312,23 @@ inline std::mutex& atomics_mutex() {
   return m;
 }
 
-// Worker t runs thread t of every block. Workers are created when a block first needs
-// them and live until the program ends; launches come from one host thread at a time.
+// __shared__ T name; becomes `auto& name = block_shared<T>([] {});` (translate_launches):
+// the lambda's type, unique to the declaration (and to each instantiation of a template
+// kernel), gives the variable its key; each block has its own copy.
+template <class T, class Tag>
+T& block_shared(Tag) {
+  static const char key = 0;
+  return *static_cast<T*>(this_block->shared_memory(&key, sizeof(T)));
+}
+
+// Runs job(0) .. job(n - 1) on n threads at once, returning when all have. Worker t runs
+// job(t) of every call; workers are created when first needed and live until the program
+// ends. One caller at a time per pool.
 class ThreadPool {
  public:
-  static ThreadPool& get() {
-    static ThreadPool pool;
-    return pool;
-  }
-  // Runs job(0) .. job(n - 1) on n workers at once and returns when all have.
+  ThreadPool() = default;
   void run(int n, const std::function<void(int)>& job) {
-    while (static_cast<int>(workers_.size()) < n) {  // as many workers as the widest block
+    while (static_cast<int>(workers_.size()) < n) {
       const int t = static_cast<int>(workers_.size());
       workers_.emplace_back([this, t] { work(t); });
     }
@@ -197,9 +343,6 @@ class ThreadPool {
     std::unique_lock<std::mutex> lock(mu_);
     done_.wait(lock, [&] { return finished_ == active_; });
   }
-
- private:
-  ThreadPool() = default;
   ~ThreadPool() {
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -209,6 +352,10 @@ class ThreadPool {
     start_.notify_all();
     for (auto& w : workers_) w.join();
   }
+  ThreadPool(const ThreadPool&) = delete;
+  ThreadPool& operator=(const ThreadPool&) = delete;
+
+ private:
   void work(int t) {
     long seen = 0;
     for (;;) {
@@ -233,11 +380,49 @@ class ThreadPool {
   int active_ = 0, finished_ = 0;
   bool stop_ = false;
 };
+// The threads of the block in slot s (pools()[s]) and the slots' drivers; launches come
+// from one host thread at a time.
+struct Pools {
+  std::vector<std::unique_ptr<ThreadPool>> blocks;
+  ThreadPool drivers;
+};
+inline Pools& pools() {
+  static Pools p;
+  while (static_cast<int>(p.blocks.size()) < concurrent_blocks()) p.blocks.push_back(std::make_unique<ThreadPool>());
+  return p;
+}
+
+// Runs block `b` (linear index) of a launch on block slot `slot`: as real threads taking warp
+// turns, or, for a kernel that does not synchronise, one thread after another.
+template <class F>
+bool run_block(long b, dim3 grid, dim3 block, long n, bool threaded, std::uint64_t seed, int slot,
+               const F& kernel_call) {
+  const dim3 at(static_cast<unsigned>(b % grid.x), static_cast<unsigned>((b / grid.x) % grid.y),
+                static_cast<unsigned>(b / (static_cast<long>(grid.x) * grid.y)));
+  Block shared(static_cast<int>(n), !threaded, splitmix64(seed ^ static_cast<std::uint64_t>(b)));
+  const std::function<void(int)> job = [&](int t) {
+    threadIdx = dim3(t % block.x, (t / block.x) % block.y, t / (block.x * block.y));
+    blockIdx = at;
+    blockDim = block;
+    gridDim = grid;
+    this_block = &shared;
+    this_thread = t;
+    if (threaded) shared.enter(t / kWarp);
+    kernel_call();
+    if (threaded) shared.exit(t / kWarp);
+  };
+  if (threaded) pools().blocks[static_cast<std::size_t>(slot)]->run(static_cast<int>(n), job);
+  else
+    for (int t = 0; t < n; ++t) job(t);
+  return shared.synchronised.load();
+}
 
 // kernel<<<grid, block, 0, stream>>>(args), with `kernel_call` = [=] { kernel(args); }. A
 // configuration the GPU would refuse throws here, where the real launch would fail at
 // cudaGetLastError(). The blocks run when the stream runs the launch (streams.h), or when
-// the graph it was captured into is launched.
+// the graph it was captured into is launched: in a shuffled order, concurrent_blocks() at a
+// time, so that atomics land in a different order at every launch and a block cannot count
+// on another having finished, or on finishing last because its index is the largest.
 template <class F>
 void launch(cudaStream_t stream, dim3 grid, dim3 block, F kernel_call) {
   if (grid.x == 0 || grid.y == 0 || grid.z == 0 || grid.x > 2147483647u || grid.y > 65535 || grid.z > 65535)
@@ -246,32 +431,40 @@ void launch(cudaStream_t stream, dim3 grid, dim3 block, F kernel_call) {
   const long n = static_cast<long>(block.x) * block.y * block.z;
   if (n <= 0 || n > kMaxThreads || block.z > 64)
     throw std::runtime_error("emulated launch: invalid block of " + std::to_string(n) + " threads");
-  // Block 0 runs as real threads. If none of them synchronised (no barrier, no shuffle: an
-  // element-wise kernel), the other blocks run their threads one after another on this
-  // thread, which is what makes the emulation fast enough to train with; a kernel that
-  // synchronises in other blocks but not in block 0 fails loudly there (see sync_point).
+  // The first block (in the shuffled order) runs alone as real threads. If none of them
+  // synchronised (no barrier, no shuffle: an element-wise kernel), the other blocks run
+  // their threads one after another, which is what makes the emulation fast enough to train
+  // with; a kernel that synchronises in other blocks but not in the first fails loudly
+  // there (see sync_point).
   const auto run = [=] {
-    bool threaded = true;
-    for (unsigned bz = 0; bz < grid.z; ++bz)
-      for (unsigned by = 0; by < grid.y; ++by)
-        for (unsigned bx = 0; bx < grid.x; ++bx) {
-          Block shared(static_cast<int>(n), /*sequential=*/!threaded);
-          const std::function<void(int)> job = [&](int t) {
-            threadIdx = dim3(t % block.x, (t / block.x) % block.y, t / (block.x * block.y));
-            blockIdx = dim3(bx, by, bz);
-            blockDim = block;
-            gridDim = grid;
-            this_block = &shared;
-            this_thread = t;
-            kernel_call();
-          };
-          if (threaded) {
-            ThreadPool::get().run(static_cast<int>(n), job);
-            threaded = shared.synchronised.load();
-          } else {
-            for (int t = 0; t < n; ++t) job(t);
-          }
-        }
+    const std::uint64_t seed = next_launch_seed();
+    const long blocks = static_cast<long>(grid.x) * grid.y * grid.z;
+    std::vector<int> order;
+    if (blocks > 1) {
+      order.resize(static_cast<std::size_t>(blocks));
+      for (long b = 0; b < blocks; ++b) order[static_cast<std::size_t>(b)] = static_cast<int>(b);
+      shuffle(order, seed);
+    }
+    const auto block_at = [&](long i) { return blocks > 1 ? order[static_cast<std::size_t>(i)] : 0L; };
+    const bool threaded = run_block(block_at(0), grid, block, n, true, seed, 0, kernel_call);
+    if (blocks == 1) return;
+    std::atomic<long> next{1};
+    const int slots = static_cast<int>(std::min<long>(concurrent_blocks(), blocks - 1));
+    std::mutex error_mu;
+    std::exception_ptr error;  // the first block that threw, rethrown here once all stopped
+    const std::function<void(int)> drive = [&](int slot) {
+      try {
+        for (long i; (i = next.fetch_add(1)) < blocks;)
+          run_block(block_at(i), grid, block, n, threaded, seed, slot, kernel_call);
+      } catch (...) {
+        next.store(blocks);
+        std::lock_guard<std::mutex> lock(error_mu);
+        if (!error) error = std::current_exception();
+      }
+    };
+    if (slots == 1) drive(0);
+    else pools().drivers.run(slots, drive);
+    if (error) std::rethrow_exception(error);
   };
   if (!enqueue(stream, run)) throw std::runtime_error("emulated launch into an invalidated graph capture");
 }
@@ -284,13 +477,15 @@ namespace mf::emulator {
 inline Block& sync_point() {
   Block& b = *this_block;
   if (b.sequential)
-    throw std::logic_error("emulated kernel synchronises in a later block but not in block 0: "
+    throw std::logic_error("emulated kernel synchronises in a later block but not in the first: "
                            "the emulation cannot run it (cuda_emulator.h, launch)");
   b.synchronised.store(true);
   return b;
 }
 }  // namespace mf::emulator
-inline void __syncthreads() { pthread_barrier_wait(&mf::emulator::sync_point().barrier); }
+inline void __syncthreads() {
+  mf::emulator::sync_point().barrier(mf::emulator::this_thread / mf::emulator::kWarp);
+}
 inline int __syncthreads_or(int predicate) {
   auto* b = &mf::emulator::sync_point();
   __syncthreads();
@@ -301,6 +496,9 @@ inline int __syncthreads_or(int predicate) {
   if (mf::emulator::this_thread == 0) b->or_flag.store(0);
   return result;
 }
+// Host stores become visible to other threads in program order (x86-TSO), and every
+// emulated atomic takes a lock, itself a full fence: a missing __threadfence() before a
+// plain store is published through an atomic cannot show here. It is still compiled as one.
 inline void __threadfence() { std::atomic_thread_fence(std::memory_order_seq_cst); }
 // Every lane of the warp must take part (mask 0xffffffff), as in all of our kernels.
 template <class T>

@@ -7,8 +7,9 @@
 //
 //   mf::emulator::launch(stream, dim3(blocks), dim3(threads), [=] { kernel<T, 4>(a, b, c); });
 //
-// Everything else is copied as it is, newlines included, so the compiler's line numbers
-// still point into the .cu file (a #line directive names it).
+// Each `__shared__` declaration becomes a reference to the block's own copy of the variable
+// (translate_shared, below). Everything else is copied as it is, newlines included, so the
+// compiler's line numbers still point into the .cu file (a #line directive names it).
 //
 //   translate_launches IN.cu OUT.cpp
 #include <cctype>
@@ -82,6 +83,57 @@ std::string translate(std::string s) {
   return s;
 }
 
+bool ident(char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; }
+
+std::string trim(const std::string& s) {
+  const std::size_t b = s.find_first_not_of(" \t\n"), e = s.find_last_not_of(" \t\n");
+  return b == std::string::npos ? "" : s.substr(b, e - b + 1);
+}
+
+// `__shared__ float a[8][32], b[8];` becomes
+//   auto& a = ::mf::emulator::block_shared<float[8][32]>([] {}); auto& b = ...<float[8]>([] {});
+// so that each block of a launch has its own copy (cuda_emulator.h, block_shared). The type
+// is what comes before the first declarator's name; a declarator is a name and its array
+// bounds. Newlines inside the declaration are kept, so line numbers stay.
+std::string translate_shared(std::string s) {
+  const std::string kw = "__shared__";
+  for (std::size_t at = 0; (at = s.find(kw, at)) != std::string::npos;) {
+    const bool word = (at == 0 || !ident(s[at - 1])) && !ident(s[at + kw.size()]);
+    const std::size_t line = s.rfind('\n', at) == std::string::npos ? 0 : s.rfind('\n', at) + 1;
+    if (!word || s.substr(line, at - line).find("//") != std::string::npos) {  // in a comment
+      at += kw.size();
+      continue;
+    }
+    const std::size_t end = s.find(';', at);
+    if (end == std::string::npos) throw std::runtime_error("__shared__ declaration without ';'");
+    const std::string decl = s.substr(at + kw.size(), end - at - kw.size());
+    const std::vector<std::string> parts = split_top_level(decl);
+    // The first declarator's name: the last identifier before its first '[' (or its end).
+    const std::string& first = parts[0];
+    std::size_t name_end = first.find('[');
+    if (name_end == std::string::npos) name_end = first.size();
+    while (name_end > 0 && !ident(first[name_end - 1])) --name_end;
+    std::size_t name_begin = name_end;
+    while (name_begin > 0 && ident(first[name_begin - 1])) --name_begin;
+    const std::string type = trim(first.substr(0, name_begin));
+    if (type.empty() || name_begin == name_end) throw std::runtime_error("cannot read __shared__" + decl);
+    std::string out;
+    for (std::size_t i = 0; i < parts.size(); ++i) {
+      const std::string d = trim(i == 0 ? first.substr(name_begin) : parts[i]);
+      std::size_t n = 0;
+      while (n < d.size() && ident(d[n])) ++n;
+      if (n == 0 || d.find('=') != std::string::npos) throw std::runtime_error("cannot read __shared__" + decl);
+      out += "auto& " + d.substr(0, n) + " = ::mf::emulator::block_shared<" + type + " " + trim(d.substr(n)) +
+             ">([] {})" + (i + 1 < parts.size() ? "; " : "");
+    }
+    for (char c : decl)
+      if (c == '\n') out += '\n';
+    s = s.substr(0, at) + out + s.substr(end);
+    at += out.size();
+  }
+  return s;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -97,7 +149,7 @@ int main(int argc, char** argv) {
     std::ofstream out(argv[2], std::ios::binary);
     out << "// Generated from " << argv[1] << " by translate_launches: do not edit.\n"
         << "#line 1 \"" << argv[1] << "\"\n"
-        << translate(text.str());
+        << translate_shared(translate(text.str()));
     if (!out) throw std::runtime_error(std::string("cannot write ") + argv[2]);
   } catch (const std::exception& e) {
     std::cerr << "translate_launches: " << argv[1] << ": " << e.what() << "\n";

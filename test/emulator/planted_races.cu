@@ -1,0 +1,70 @@
+// planted_races.cu: the kernels of planted_races.h. Compiled for the CUDA emulation only
+// (translate_launches), never for a GPU: they exist to show that the emulation turns each
+// bug into a wrong result.
+#include "test/emulator/planted_races.h"
+
+#include "test/emulator/cuda_emulator.h"
+
+namespace mf::planted {
+
+namespace {
+
+constexpr int kThreads = 256;
+
+template <bool kSync>
+__global__ void block_sums_kernel(const float* x, float* out) {
+  __shared__ float part[kThreads];
+  const int t = threadIdx.x;
+  part[t] = x[blockIdx.x * kThreads + t];
+  if (kSync) __syncthreads();
+  if (t == 0) {
+    float total = 0.0f;
+    for (int k = 0; k < kThreads; ++k) total += part[k];  // without the barrier: other warps' parts unwritten
+    out[blockIdx.x] = total;
+  }
+}
+
+constexpr int kChunk = 32;
+
+template <bool kTrustIndex>
+__global__ void last_block_sum_kernel(const float* x, float* partials, unsigned* counter, float* out) {
+  __shared__ bool last;
+  if (threadIdx.x == 0) {
+    float s = 0.0f;
+    for (int k = 0; k < kChunk; ++k) s += x[blockIdx.x * kChunk + k];
+    partials[blockIdx.x] = s;
+    __threadfence();
+    const bool counted_last = atomicAdd(counter, 1u) == gridDim.x - 1;
+    last = kTrustIndex ? blockIdx.x == gridDim.x - 1 : counted_last;  // the bug: the index says nothing
+  }
+  __syncthreads();
+  if (!last || threadIdx.x != 0) return;
+  __threadfence();
+  float total = 0.0f;
+  for (unsigned b = 0; b < gridDim.x; ++b) total += partials[b];
+  *out = total;
+  *counter = 0;
+}
+
+__global__ void atomic_sum_kernel(const float* x, float* out) {
+  if (threadIdx.x != 0) return;
+  float s = 0.0f;
+  for (int k = 0; k < kChunk; ++k) s += x[blockIdx.x * kChunk + k];
+  atomicAdd(out, s);
+}
+
+}  // namespace
+
+void block_sums(const float* x, int blocks, bool sync, float* out) {
+  if (sync) block_sums_kernel<true><<<blocks, kThreads, 0, nullptr>>>(x, out);
+  else block_sums_kernel<false><<<blocks, kThreads, 0, nullptr>>>(x, out);
+}
+
+void last_block_sum(const float* x, int blocks, bool trust_index, float* partials, unsigned* counter, float* out) {
+  if (trust_index) last_block_sum_kernel<true><<<blocks, kChunk, 0, nullptr>>>(x, partials, counter, out);
+  else last_block_sum_kernel<false><<<blocks, kChunk, 0, nullptr>>>(x, partials, counter, out);
+}
+
+void atomic_sum(const float* x, int blocks, float* out) { atomic_sum_kernel<<<blocks, kChunk, 0, nullptr>>>(x, out); }
+
+}  // namespace mf::planted

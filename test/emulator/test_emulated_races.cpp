@@ -1,0 +1,88 @@
+// test_emulated_races.cpp: the CUDA emulation turns each planted synchronisation bug of
+// planted_races.cu into a wrong result, and leaves each correct twin right. Every test runs
+// its kernel over several launches: each launch draws another block and warp order
+// (cuda_emulator.h), and a bug must show in at least one of them. What the emulation cannot
+// show, a missing __threadfence(), has no test: see __threadfence in cuda_emulator.h.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <set>
+#include <vector>
+
+#include "test/emulator/planted_races.h"
+
+namespace mf {
+namespace {
+
+constexpr int kLaunches = 8;
+
+std::vector<float> ramp(std::size_t n) {
+  std::vector<float> x(n);
+  for (std::size_t i = 0; i < n; ++i) x[i] = static_cast<float>(i % 7) + 1.0f;  // small integers: exact sums
+  return x;
+}
+
+std::uint32_t bits(float f) {
+  std::uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+
+TEST(EmulatedRaces, MissingSyncthreadsLetsAWarpReadUnwrittenSharedMemory) {
+  const int blocks = 4;
+  const std::vector<float> x = ramp(blocks * 256);
+  std::vector<float> want(blocks, 0.0f);
+  for (int i = 0; i < blocks * 256; ++i) want[i / 256] += x[i];
+  int wrong = 0;
+  for (int launch = 0; launch < kLaunches; ++launch) {
+    std::vector<float> with(blocks), without(blocks);
+    planted::block_sums(x.data(), blocks, /*sync=*/true, with.data());
+    planted::block_sums(x.data(), blocks, /*sync=*/false, without.data());
+    EXPECT_EQ(with, want) << "with the barrier, launch " << launch;
+    wrong += without != want;
+  }
+  EXPECT_GT(wrong, 0) << "without the barrier every one of " << kLaunches << " launches summed right";
+}
+
+TEST(EmulatedRaces, LastBlockByIndexMissesPartialsOfBlocksStillRunning) {
+  const int blocks = 16;
+  const std::vector<float> x = ramp(blocks * 32);
+  float want = 0.0f;
+  for (float v : x) want += v;
+  int wrong = 0;
+  for (int launch = 0; launch < kLaunches; ++launch) {
+    for (const bool trust_index : {false, true}) {
+      std::vector<float> partials(blocks, std::nanf(""));  // what an earlier launch may have left
+      unsigned counter = 0;
+      float out = -1.0f;
+      planted::last_block_sum(x.data(), blocks, trust_index, partials.data(), &counter, &out);
+      if (trust_index) {
+        wrong += out != want;
+        continue;
+      }
+      EXPECT_EQ(out, want) << "counting blocks, launch " << launch;
+      EXPECT_EQ(counter, 0u) << "the last block resets the counter";
+    }
+  }
+  EXPECT_GT(wrong, 0) << "the largest index finished last in every one of " << kLaunches << " launches";
+}
+
+TEST(EmulatedRaces, FloatAtomicsLandInAnotherOrderAtEachLaunch) {
+  // Block sums of very different sizes and signs: each order of the additions rounds
+  // differently, so the bits tell the orders apart.
+  const int blocks = 16;
+  std::vector<float> x(blocks * 32, 0.0f);
+  for (int b = 0; b < blocks; ++b) x[b * 32] = std::ldexp(b % 2 ? -1.0f : 1.0f, (b * 5) % 24) * (1.0f + 0.1f * b);
+  std::set<std::uint32_t> results;
+  for (int launch = 0; launch < kLaunches; ++launch) {
+    float out = 0.0f;
+    planted::atomic_sum(x.data(), blocks, &out);
+    results.insert(bits(out));
+  }
+  EXPECT_GT(results.size(), 1u) << "all " << kLaunches << " launches added in one order";
+}
+
+}  // namespace
+}  // namespace mf
