@@ -48,14 +48,11 @@ __device__ __forceinline__ void adam_update(float& w, float& m, float& v, float 
   w -= lr_t * m / (sqrtf(v) + h.eps);
 }
 
-// Block-wide setup shared by the Adam kernels: thread 0 computes lr_t for t = *step + 1
-// (two double pows) once per block rather than once per thread. t is a double: at a count
-// of 2^31 - 1, *step + 1 in int32 would overflow.
-__device__ __forceinline__ float block_lr_t(const AdamHyper& h, const std::int32_t* step) {
-  __shared__ float lr_t;
-  if (threadIdx.x == 0) lr_t = adam_lr_t(h, static_cast<double>(*step) + 1.0);
-  __syncthreads();
-  return lr_t;
+// lr_t for t = *step + 1, computed by every thread (two double pows: a few hundred cycles,
+// once per thread, against a step of many microseconds), so that no thread waits for
+// another. t is a double: at a count of 2^31 - 1, *step + 1 in int32 would overflow.
+__device__ __forceinline__ float step_lr_t(const AdamHyper& h, const std::int32_t* step) {
+  return adam_lr_t(h, static_cast<double>(*step) + 1.0);
 }
 
 // FP32 Adam. Thread mapping: groups of four parameters t, t + stride, ... (n_vec groups,
@@ -64,7 +61,7 @@ __device__ __forceinline__ float block_lr_t(const AdamHyper& h, const std::int32
 __global__ void adam_step_kernel(float* __restrict__ w, float* __restrict__ grad, float* __restrict__ m,
                                  float* __restrict__ v, std::int64_t n, std::int64_t n_vec, AdamHyper h,
                                  const std::int32_t* __restrict__ step) {
-  const float lr_t = block_lr_t(h, step);
+  const float lr_t = step_lr_t(h, step);
   const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
   const std::int64_t tid = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   for (std::int64_t i = tid; i < n_vec; i += stride) {
@@ -161,7 +158,7 @@ __global__ void adam_step_mixed_kernel(float* __restrict__ w, __half* __restrict
                                        const LossScaleState* __restrict__ scaler) {
   const bool skip = scaler->found_inf != 0;  // the same for every thread of the grid
   const float scale = scaler->scale;
-  const float lr_t = block_lr_t(h, step);
+  const float lr_t = step_lr_t(h, step);
   const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
   const std::int64_t tid = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   for (std::int64_t i = tid; i < n_vec; i += stride) {
