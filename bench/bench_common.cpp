@@ -100,6 +100,7 @@ GpuStepRunner::GpuStepRunner(std::int64_t batch, DType dtype, std::uint64_t seed
   if (half_) x_ = x_.to(DType::kF16);
   labels_ = random_labels(batch, 10, seed + 2).to(Device::kGpu);
   stats_ = Tensor::zeros(Shape{kNumStats}, DType::kF32, Device::kGpu);
+  scratch_ = Tensor::zeros(Shape{static_cast<std::int64_t>(reduction_scratch_bytes())}, DType::kU8, Device::kGpu);
 }
 
 void GpuStepRunner::step() {
@@ -109,7 +110,7 @@ void GpuStepRunner::step() {
   // the whole step must stay on the compute stream (to be captured into a graph).
   launch_softmax_xent(logits.raw(), half_, labels_.data<std::int32_t>(), batch_, logits.dim(1), dlogits_.raw(),
                       1.0f / static_cast<float>(batch_), model_.optimizer()->device_loss_scale(),
-                      stats_.data<float>(), compute_stream());
+                      stats_.data<float>(), scratch_.raw(), compute_stream());
   model_.backward(dlogits_);
   model_.optimizer()->step();
 }

@@ -72,6 +72,7 @@ class GpuStepRunner {
   std::int64_t batch_;
   bool half_;
   Tensor x_, labels_, dlogits_, stats_;
+  Tensor scratch_;  // the reductions' scratch (launchers.h)
 };
 
 // Registers fn(state, args...) under `name`. An exception (a GPU error, an unexpected

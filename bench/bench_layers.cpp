@@ -186,7 +186,8 @@ void BM_LossGpu(benchmark::State& state, std::int64_t batch, DType dtype) {
   const cudaStream_t s = GpuContext::current().stream();
   auto run = [&] {
     launch_softmax_xent(logits.raw(), dtype == DType::kF16, labels.data<std::int32_t>(), batch, 10, dlogits.raw(),
-                        1.0f / static_cast<float>(batch), nullptr, stats.data<float>(), s);
+                        1.0f / static_cast<float>(batch), nullptr, stats.data<float>(),
+                        GpuContext::current().reduction_scratch(), s);
   };
   run();
   EventTimer timer(s);

@@ -55,18 +55,22 @@ void bias_act_forward(T* y, const T* bias, std::int64_t n, std::int64_t channels
 // ---- backward ----
 // The bias gradient is a column sum over all rows of dz (rows = N*H*W, up to 1024*26*26),
 // so it is done in two levels: each block sums a slice of the rows for a tile of columns
-// in registers and shared memory, then adds its per-channel partial sums to the result
-// with atomics (a few hundred blocks x C channels: cheap next to the data read).
+// in registers and shared memory and writes its per-channel partial sums to the scratch;
+// the last block of each tile to finish adds the slices' partials in slice order and adds
+// the totals to db. The order of every addition is fixed, so the result has the same bits
+// whichever order the blocks ran in (float atomics would add in the order they land). One
+// kernel, no allocation, replayable in a CUDA graph.
 //
-// f16 db must not be accumulated in f16 across blocks (each partial would be rounded to
-// 11 bits), so for f16 the blocks add their f32 partials into this scratch instead, and
-// the last block to finish adds the totals to db and leaves the scratch zero for the next
-// launch: one kernel, no allocation, replayable in a CUDA graph. The scratch is shared by
-// all launches, so f16 launches must not run concurrently on two streams (all of
-// microflow's GPU work is queued on the one compute stream).
-constexpr int kScratchChannels = 1024;
-__device__ float g_db_scratch[kScratchChannels];  // zero between launches
-__device__ unsigned int g_blocks_done;             // zero between launches
+// Scratch layout (bytes from `scratch`): kCounterBytes of per-tile counters (zero between
+// launches: the last block of a tile resets its counter), then partial[slice][channel]
+// as f32, `width` channels per slice.
+constexpr int kScratchChannels = 1024;  // channels per launch (a column slice of the tensor)
+constexpr int kMaxTiles = 64;           // >= kScratchChannels / 32, the most tiles a launch has
+constexpr std::size_t kCounterBytes = kMaxTiles * sizeof(unsigned int);
+
+// Row slices of a launch: about two blocks per SM in all, enough loads in flight to stream
+// the tensor. The scratch holds partials for at most this many.
+std::int64_t max_slices() { return 2 * static_cast<std::int64_t>(sm_count()); }
 
 // Thread mapping. U = width / N vector columns (N channels each). The block is
 // (bx, by) = (bx, 256 / bx) with bx a power of two >= min(U, 32): thread (tx, ty) owns
@@ -76,15 +80,18 @@ __device__ unsigned int g_blocks_done;             // zero between launches
 //
 // Each thread keeps N running sums in registers. The 32 / bx threads of a warp that own
 // the same column (lanes tx, tx + bx, ...) are combined with shuffles, the 8 warps through
-// shared memory, and then one atomic per channel and block.
+// shared memory in warp order.
 //
 // `ld` is the row length in vectors (channels / N) and `width` the number of channels this
 // launch covers (a slice of at most kScratchChannels columns; all of them for the MNIST
 // model's layers).
-template <class T, int N, bool kHalfDb>
-__global__ void bias_act_backward_kernel(const T* y, const T* dy, T* dz, float* db_f32, __half* db_f16,
+template <class T, int N>
+__global__ void bias_act_backward_kernel(const T* y, const T* dy, T* dz, T* db, unsigned char* scratch,
                                          std::int64_t rows, std::int64_t ld, std::int64_t width, bool relu) {
-  __shared__ float partial[kBlock / kWarp][kWarp * N];  // [warp][tx * N + k]
+  __shared__ float partial[kBlock / kWarp][kWarp * N];  // [warp][tx * N + k]; later [part][column]
+  __shared__ bool last;
+  unsigned int* counters = reinterpret_cast<unsigned int*>(scratch);
+  float* slices = reinterpret_cast<float*>(scratch + kCounterBytes);  // [slice][channel]
   const int bx = blockDim.x, tx = threadIdx.x, ty = threadIdx.y;
   const int tid = ty * bx + tx, lane = tid % kWarp, warp = tid / kWarp;
   const std::int64_t u = static_cast<std::int64_t>(blockIdx.y) * bx + tx;
@@ -119,71 +126,79 @@ __global__ void bias_act_backward_kernel(const T* y, const T* dy, T* dz, float* 
     for (int k = 0; k < N; ++k) partial[warp][lane * N + k] = acc[k];
   __syncthreads();
 
-  // Threads 0 .. bx * N - 1 each finish one channel: the sum over the block's warps.
-  const int warps = (bx * blockDim.y) / kWarp;
-  const std::int64_t c = static_cast<std::int64_t>(blockIdx.y) * bx * N + tid;  // channel within the slice
-  if (tid < bx * N && c < width) {
+  // Threads 0 .. cols - 1 each write one channel's partial: the sum over the block's warps.
+  const int warps = (bx * blockDim.y) / kWarp, cols = bx * N;
+  const std::int64_t c = static_cast<std::int64_t>(blockIdx.y) * cols + tid;  // channel within the slice
+  if (tid < cols && c < width) {
     float s = 0.0f;
     for (int w = 0; w < warps; ++w) s += partial[w][tid];
-    if (kHalfDb) atomicAdd(&g_db_scratch[c], s);
-    else atomicAdd(&db_f32[c], s);
+    slices[blockIdx.x * width + c] = s;
   }
-  if (!kHalfDb) return;
 
-  // Last-block-done: the fence orders this block's atomics before its count, so the
-  // block that counts last sees every partial in the scratch.
+  // Last-block-done: each writer's fence orders its partial before the block's count, so
+  // the block that counts last sees every slice's partial. The last block is the one whose
+  // count completes the tile, whatever its index.
   __threadfence();
   __syncthreads();
-  __shared__ bool last;
-  if (tid == 0) last = atomicAdd(&g_blocks_done, 1u) == gridDim.x * gridDim.y - 1;
+  if (tid == 0) last = atomicAdd(&counters[blockIdx.y], 1u) == gridDim.x - 1;
   __syncthreads();
   if (!last) return;
   __threadfence();
-  for (std::int64_t ch = tid; ch < width; ch += bx * blockDim.y) {
-    const float total = atomicExch(&g_db_scratch[ch], 0.0f);  // read and re-zero
-    db_f16[ch] = __float2half_rn(__half2float(db_f16[ch]) + total);
+  // The tile's `cols` channels x gridDim.x slices: thread (part, col) adds slices part,
+  // part + parts, ... of channel col, then the parts are added in order.
+  const int parts = (bx * blockDim.y) / cols, col = tid % cols, part = tid / cols;
+  const std::int64_t ch = static_cast<std::int64_t>(blockIdx.y) * cols + col;
+  float* sums = &partial[0][0];  // [part][col]: parts * cols = 256 <= its 256 * N floats
+  if (part < parts) {
+    float s = 0.0f;
+    if (ch < width)
+      for (unsigned sl = part; sl < gridDim.x; sl += parts) s += slices[sl * width + ch];
+    sums[part * cols + col] = s;
   }
-  if (tid == 0) g_blocks_done = 0;
+  __syncthreads();
+  if (part == 0 && ch < width) {
+    float total = 0.0f;
+    for (int p = 0; p < parts; ++p) total += sums[p * cols + col];
+    db[ch] = from_f32<T>(to_f32(db[ch]) + total);  // f16: rounded once, after an f32 sum
+  }
+  if (tid == 0) counters[blockIdx.y] = 0;
 }
 
 // Launches one column slice (at most kScratchChannels channels, starting at channel c0)
 // with N-wide vectors.
-template <class T, int N, bool kHalfDb>
-void bias_act_backward_slice(const T* y, const T* dy, T* dz, T* db, std::int64_t rows, std::int64_t channels,
-                             std::int64_t c0, std::int64_t width, bool relu, cudaStream_t stream) {
+template <class T, int N>
+void bias_act_backward_slice(const T* y, const T* dy, T* dz, T* db, void* scratch, std::int64_t rows,
+                             std::int64_t channels, std::int64_t c0, std::int64_t width, bool relu,
+                             cudaStream_t stream) {
   const std::int64_t width_vec = width / N;
   int bx = 1;
   while (bx < kWarp && bx < width_vec) bx *= 2;
   const int by = kBlock / bx;
-  const std::int64_t tiles = (width_vec + bx - 1) / bx;  // <= kScratchChannels / 32
-  // About two blocks per SM in all: enough loads in flight to stream the tensor, few
-  // enough that the atomics (blocks x channels) stay negligible.
-  const std::int64_t target = std::max<std::int64_t>(1, 2 * sm_count() / tiles);
+  const std::int64_t tiles = (width_vec + bx - 1) / bx;  // <= kScratchChannels / 32 <= kMaxTiles
+  const std::int64_t target = std::max<std::int64_t>(1, max_slices() / tiles);
   const std::int64_t slices = std::clamp<std::int64_t>((rows + by - 1) / by, 1, target);
   const dim3 grid(static_cast<unsigned>(slices), static_cast<unsigned>(tiles));
   const dim3 block(static_cast<unsigned>(bx), static_cast<unsigned>(by));
-  float* db_f32 = nullptr;
-  __half* db_f16 = nullptr;
-  if constexpr (kHalfDb) db_f16 = db + c0;
-  else db_f32 = db + c0;
-  bias_act_backward_kernel<T, N, kHalfDb><<<grid, block, 0, stream>>>(y + c0, dy + c0, dz + c0, db_f32, db_f16,
-                                                                      rows, channels / N, width, relu);
+  bias_act_backward_kernel<T, N><<<grid, block, 0, stream>>>(y + c0, dy + c0, dz + c0, db + c0,
+                                                            static_cast<unsigned char*>(scratch), rows, channels / N,
+                                                            width, relu);
   MF_CHECK_LAUNCH();
 }
 
 // Splits the channels into slices of at most kScratchChannels (one slice for every layer
-// of the MNIST model; the f16 scratch bounds a slice, and it keeps grid.y small) and
-// picks N-wide vectors when the channel count and all three pointers allow it, else 1.
-template <class T, int N, bool kHalfDb>
-void bias_act_backward(const T* y, const T* dy, T* dz, T* db, std::int64_t rows, std::int64_t channels, bool relu,
-                       cudaStream_t stream) {
+// of the MNIST model; the scratch bounds a slice, and it keeps grid.y small) and picks
+// N-wide vectors when the channel count and all three pointers allow it, else 1. The
+// slices run one after another on the stream, so they share the scratch.
+template <class T, int N>
+void bias_act_backward(const T* y, const T* dy, T* dz, T* db, void* scratch, std::int64_t rows,
+                       std::int64_t channels, bool relu, cudaStream_t stream) {
   const bool vec = channels % N == 0 && aligned(y, 16) && aligned(dy, 16) && aligned(dz, 16);
   for (std::int64_t c0 = 0; c0 < channels; c0 += kScratchChannels) {
     const std::int64_t width = std::min<std::int64_t>(kScratchChannels, channels - c0);
     if (vec)  // c0 is a multiple of kScratchChannels, so the slices stay 16-byte aligned
-      bias_act_backward_slice<T, N, kHalfDb>(y, dy, dz, db, rows, channels, c0, width, relu, stream);
+      bias_act_backward_slice<T, N>(y, dy, dz, db, scratch, rows, channels, c0, width, relu, stream);
     else
-      bias_act_backward_slice<T, 1, kHalfDb>(y, dy, dz, db, rows, channels, c0, width, relu, stream);
+      bias_act_backward_slice<T, 1>(y, dy, dz, db, scratch, rows, channels, c0, width, relu, stream);
   }
 }
 
@@ -209,18 +224,26 @@ void launch_bias_act_forward(void* y, const void* bias, bool half, std::int64_t 
   }
 }
 
-void launch_bias_act_backward(const void* y, const void* dy, void* dz, void* db, bool half, std::int64_t rows,
-                              std::int64_t channels, bool relu, GpuStream stream) {
+std::size_t bias_act_backward_scratch_bytes() {
+  return kCounterBytes + static_cast<std::size_t>(max_slices()) * kScratchChannels * sizeof(float);
+}
+
+std::size_t reduction_scratch_bytes() {
+  return std::max(bias_act_backward_scratch_bytes(), softmax_xent_scratch_bytes());
+}
+
+void launch_bias_act_backward(const void* y, const void* dy, void* dz, void* db, void* scratch, bool half,
+                              std::int64_t rows, std::int64_t channels, bool relu, GpuStream stream) {
   if (rows <= 0 || channels <= 0) return;
   if (!relu) y = dy;  // not read; any valid pointer keeps the alignment test simple
   if (half)
-    bias_act_backward<__half, 8, true>(static_cast<const __half*>(y), static_cast<const __half*>(dy),
-                                       static_cast<__half*>(dz), static_cast<__half*>(db), rows, channels, relu,
-                                       stream);
+    bias_act_backward<__half, 8>(static_cast<const __half*>(y), static_cast<const __half*>(dy),
+                                 static_cast<__half*>(dz), static_cast<__half*>(db), scratch, rows, channels, relu,
+                                 stream);
   else
-    bias_act_backward<float, 4, false>(static_cast<const float*>(y), static_cast<const float*>(dy),
-                                       static_cast<float*>(dz), static_cast<float*>(db), rows, channels, relu,
-                                       stream);
+    bias_act_backward<float, 4>(static_cast<const float*>(y), static_cast<const float*>(dy),
+                                static_cast<float*>(dz), static_cast<float*>(db), scratch, rows, channels, relu,
+                                stream);
 }
 
 }  // namespace mf

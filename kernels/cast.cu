@@ -1,4 +1,5 @@
-// cast.cu: element-wise dtype conversions on the GPU (f32 -> f16, f16 -> f32, u8 -> f32).
+// cast.cu: element-wise dtype conversions on the GPU (f32 -> f16, f16 -> f32, u8 -> f32, and
+// an f32 added into f16).
 //
 // These are pure memory traffic: each element is read once and written once, so the only
 // things that matter are wide, coalesced accesses and enough threads in flight. Every
@@ -84,7 +85,21 @@ __global__ void cast_u8_to_f32_kernel(const std::uint8_t* __restrict__ x, float*
   for (std::int64_t i = 4 * n_vec + tid; i < n; i += stride) y[i] = x[i] * scale;
 }
 
+// y = half(float(y) + x), one element per thread (grid-stride): a gradient computed in f32
+// added into an f16 gradient, rounded once. Small tensors only (a layer's weights).
+__global__ void add_f32_to_f16_kernel(const float* __restrict__ x, __half* __restrict__ y, std::int64_t n) {
+  const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
+  for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride)
+    y[i] = __float2half_rn(__half2float(y[i]) + x[i]);
+}
+
 }  // namespace
+
+void launch_add_f32_to_f16(const float* x, Half* y, std::int64_t n, GpuStream stream) {
+  if (n <= 0) return;
+  add_f32_to_f16_kernel<<<blocks_for(n), kBlock, 0, stream>>>(x, reinterpret_cast<__half*>(y), n);
+  MF_CHECK_LAUNCH();
+}
 
 void launch_cast_f32_to_f16(const float* x, Half* y, std::int64_t n, GpuStream stream) {
   if (n <= 0) return;

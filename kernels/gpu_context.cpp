@@ -3,6 +3,7 @@
 
 #include "kernels/device_allocator.h"
 #include "kernels/gpu_runtime.h"
+#include "kernels/launchers.h"
 
 namespace mf {
 
@@ -29,6 +30,9 @@ GpuContext::GpuContext() {
   MF_GPU_CHECK(cudnnCreate(&d));
   cudnn_.reset(d);
   MF_GPU_CHECK(cudnnSetStream(d, stream_));
+  reduction_scratch_ = DeviceBuffer<unsigned char>(reduction_scratch_bytes());
+  MF_GPU_CHECK(cudaMemsetAsync(reduction_scratch_.get(), 0, reduction_scratch_.size(), stream_));
+  MF_GPU_CHECK(cudaStreamSynchronize(stream_));
 }
 
 void* GpuContext::workspace(std::size_t bytes) {

@@ -35,6 +35,10 @@ class GpuContext {
   // device holding nothing, such as the memory-limit benchmark.
   void release_workspace();
 
+  // The scratch of the deterministic reductions (launchers.h, reduction scratch), zeroed at
+  // creation, for work on the compute stream.
+  void* reduction_scratch() const { return reduction_scratch_.get(); }
+
   // True while the compute stream is being captured into a CUDA graph (also after an
   // error has invalidated that capture, until it is ended).
   bool capturing() const;
@@ -50,6 +54,7 @@ class GpuContext {
   void* workspace_ = nullptr;
   std::size_t workspace_bytes_ = 0;
   DeviceBuffer<unsigned char> cublas_workspace_;
+  DeviceBuffer<unsigned char> reduction_scratch_;
 };
 
 }  // namespace mf

@@ -6,6 +6,7 @@
 // of f32 for the pointers typed void*; arithmetic is always in f32. In a CPU-only build
 // these throw NoGpuError.
 #pragma once
+#include <cstddef>
 #include <cstdint>
 
 #include "kernels/gpu_runtime.h"
@@ -18,16 +19,18 @@ void launch_cast_f32_to_f16(const float* x, Half* y, std::int64_t n, GpuStream s
 void launch_cast_f16_to_f32(const Half* x, float* y, std::int64_t n, GpuStream stream);
 // y = x * scale
 void launch_cast_u8_to_f32(const std::uint8_t* x, float* y, std::int64_t n, float scale, GpuStream stream);
+// y[i] = (half)((float)y[i] + x[i]): an f32 result accumulated into f16 storage, rounded once.
+void launch_add_f32_to_f16(const float* x, Half* y, std::int64_t n, GpuStream stream);
 
 // ---- fused bias + activation (after a convolution or GEMM) ----
 // y[i] = act(y[i] + bias[i % channels]), in place; y and bias of the same dtype.
 void launch_bias_act_forward(void* y, const void* bias, bool half, std::int64_t n, std::int64_t channels, bool relu,
                              GpuStream stream);
 // dz = relu ? dy * (y > 0) : dy, written to dz (may alias dy); db[c] += sum of dz over
-// all rows (db is f32 when !half, f16 when half, summed in f32). y unused when !relu.
-// Half launches share one device-wide scratch: never run two at once on two streams.
-void launch_bias_act_backward(const void* y, const void* dy, void* dz, void* db, bool half, std::int64_t rows,
-                              std::int64_t channels, bool relu, GpuStream stream);
+// all rows (db is f32 when !half, f16 when half, summed in f32, in a fixed order: the same
+// bits at every run). y unused when !relu. `scratch`: see reduction scratch, below.
+void launch_bias_act_backward(const void* y, const void* dy, void* dz, void* db, void* scratch, bool half,
+                              std::int64_t rows, std::int64_t channels, bool relu, GpuStream stream);
 
 // ---- 2x2 / stride 2 max pooling, NHWC, floor ----
 // y: (N, H/2, W/2, C); argmax: u8 0..3 = position of the winner (first on ties).
@@ -38,12 +41,25 @@ void launch_maxpool2x2_backward(const void* dy, const std::uint8_t* argmax, void
                                 std::int64_t h, std::int64_t w, std::int64_t c, GpuStream stream);
 
 // ---- softmax + cross-entropy + accuracy, fused ----
-// logits: (N, K), f32 or f16. Adds [loss sum, correct count, N] into stats[0..2] (f32).
+// logits: (N, K), f32 or f16. Adds [loss sum, correct count, N] into stats[0..2] (f32),
+// each summed in a fixed order. `scratch`: see reduction scratch, below.
 // If dlogits is not null writes (softmax - onehot) * grad_scale * (scale ? *scale : 1),
 // in the logits' dtype. grad_scale is 1/N for the mean loss; scale is the dynamic loss
 // scale living on the device. dlogits must not alias logits.
 void launch_softmax_xent(const void* logits, bool half, const std::int32_t* labels, std::int64_t n, std::int64_t k,
-                         void* dlogits, float grad_scale, const float* scale, float* stats, GpuStream stream);
+                         void* dlogits, float grad_scale, const float* scale, float* stats, void* scratch,
+                         GpuStream stream);
+
+// ---- reduction scratch ----
+// The two reductions above sum across blocks without float atomics: each block writes its
+// partial sums to `scratch`, and the last block to finish adds them in block order. The
+// scratch must hold reduction_scratch_bytes() (about 1 MB on an H200); its first 256 bytes
+// are the kernels' counters, which must be zero before the first launch (each launch leaves
+// them zero again); launches sharing one scratch must be ordered (one stream):
+// GpuContext::reduction_scratch() is the compute stream's.
+std::size_t reduction_scratch_bytes();  // the larger of the two below
+std::size_t bias_act_backward_scratch_bytes();
+std::size_t softmax_xent_scratch_bytes();
 
 // ---- batch gather from the dataset kept on the device ----
 // x[b, p] = images[perm[offset + b] * sample + p] / 255, f32 or f16;

@@ -15,11 +15,12 @@ namespace {
 void launch_cast_f32_to_f16(const float*, Half*, std::int64_t, GpuStream) { no_gpu("cast"); }
 void launch_cast_f16_to_f32(const Half*, float*, std::int64_t, GpuStream) { no_gpu("cast"); }
 void launch_cast_u8_to_f32(const std::uint8_t*, float*, std::int64_t, float, GpuStream) { no_gpu("cast"); }
+void launch_add_f32_to_f16(const float*, Half*, std::int64_t, GpuStream) { no_gpu("add_f32_to_f16"); }
 void launch_bias_act_forward(void*, const void*, bool, std::int64_t, std::int64_t, bool, GpuStream) {
   no_gpu("bias_act_forward");
 }
-void launch_bias_act_backward(const void*, const void*, void*, void*, bool, std::int64_t, std::int64_t, bool,
-                              GpuStream) {
+void launch_bias_act_backward(const void*, const void*, void*, void*, void*, bool, std::int64_t, std::int64_t,
+                              bool, GpuStream) {
   no_gpu("bias_act_backward");
 }
 void launch_maxpool2x2_forward(const void*, void*, std::uint8_t*, bool, std::int64_t, std::int64_t, std::int64_t,
@@ -31,9 +32,12 @@ void launch_maxpool2x2_backward(const void*, const std::uint8_t*, void*, bool, s
   no_gpu("maxpool2x2_backward");
 }
 void launch_softmax_xent(const void*, bool, const std::int32_t*, std::int64_t, std::int64_t, void*, float,
-                         const float*, float*, GpuStream) {
+                         const float*, float*, void*, GpuStream) {
   no_gpu("softmax_xent");
 }
+std::size_t reduction_scratch_bytes() { no_gpu("reduction_scratch_bytes"); }
+std::size_t bias_act_backward_scratch_bytes() { no_gpu("bias_act_backward_scratch_bytes"); }
+std::size_t softmax_xent_scratch_bytes() { no_gpu("softmax_xent_scratch_bytes"); }
 void launch_gather_batch(const std::uint8_t*, const std::uint8_t*, const std::int32_t*, const std::int64_t*,
                          std::int64_t, std::int64_t, void*, bool, std::int32_t*, GpuStream) {
   no_gpu("gather_batch");

@@ -36,12 +36,17 @@ __device__ __forceinline__ float warp_sum(float v) {
 // handles logits l, l + 32, ... of the row; the max, its first index and the sum of
 // exponentials are combined across the warp with shuffles, which need no shared memory
 // and no __syncthreads. Rows are spread over warps with a grid-stride loop. Each warp
-// keeps its running loss and hit count in lane 0; the block adds them up in shared memory
-// and makes one atomicAdd per statistic.
+// keeps its running loss and hit count in lane 0; the block adds its warps' in order and
+// writes them to the scratch, and the last block to finish adds the blocks' in block order
+// to stats: the same bits whatever order the blocks ran in.
+//
+// Scratch: one counter (zero between launches) in the counters' 256 bytes that every
+// reduction's scratch begins with (launchers.h), then [loss, correct] per block as f32.
+constexpr std::size_t kPartialsOffset = 256;
 template <class T>
 __global__ void softmax_xent_kernel(const T* __restrict__ logits, const std::int32_t* __restrict__ labels,
                                     std::int64_t n, std::int64_t k, T* __restrict__ dlogits, float grad_scale,
-                                    const float* __restrict__ scale, float* stats) {
+                                    const float* __restrict__ scale, float* stats, unsigned char* scratch) {
   const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp, warps = blockDim.x / kWarp;
   // The dynamic loss scale is read on the device, so a replayed graph sees its current value.
   const float g = grad_scale * (scale ? *scale : 1.0f);
@@ -88,31 +93,58 @@ __global__ void softmax_xent_kernel(const T* __restrict__ logits, const std::int
   }
 
   __shared__ float block_loss[kRowBlock / kWarp], block_correct[kRowBlock / kWarp];
+  __shared__ bool last;
+  unsigned int* counter = reinterpret_cast<unsigned int*>(scratch);
+  float* partials = reinterpret_cast<float*>(scratch + kPartialsOffset);  // [block][2]
   if (lane == 0) block_loss[warp] = loss, block_correct[warp] = correct;
   __syncthreads();
   if (threadIdx.x == 0) {
     float l = 0.0f, c = 0.0f;
     for (int w = 0; w < warps; ++w) l += block_loss[w], c += block_correct[w];
-    atomicAdd(&stats[0], l);
-    atomicAdd(&stats[1], c);
-    if (blockIdx.x == 0) atomicAdd(&stats[2], static_cast<float>(n));
+    partials[2 * blockIdx.x] = l;
+    partials[2 * blockIdx.x + 1] = c;
+    __threadfence();  // the partials before the count
+    last = atomicAdd(counter, 1u) == gridDim.x - 1;
+  }
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  // Thread t adds blocks t, t + 128, ...; thread 0 then adds the threads' sums in order.
+  float l = 0.0f, c = 0.0f;
+  for (unsigned b = threadIdx.x; b < gridDim.x; b += blockDim.x) l += partials[2 * b], c += partials[2 * b + 1];
+  __shared__ float thread_loss[kRowBlock], thread_correct[kRowBlock];
+  thread_loss[threadIdx.x] = l, thread_correct[threadIdx.x] = c;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float tl = 0.0f, tc = 0.0f;
+    for (unsigned t = 0; t < blockDim.x; ++t) tl += thread_loss[t], tc += thread_correct[t];
+    stats[0] += tl;
+    stats[1] += tc;
+    stats[2] += static_cast<float>(n);
+    *counter = 0;
   }
 }
 
 }  // namespace
 
+std::size_t softmax_xent_scratch_bytes() { return kPartialsOffset + 2 * kMaxRowBlocks * sizeof(float); }
+
 void launch_softmax_xent(const void* logits, bool half, const std::int32_t* labels, std::int64_t n, std::int64_t k,
-                         void* dlogits, float grad_scale, const float* scale, float* stats, GpuStream stream) {
+                         void* dlogits, float grad_scale, const float* scale, float* stats, void* scratch,
+                         GpuStream stream) {
   if (n <= 0 || k <= 0) return;
   const int rows_per_block = kRowBlock / kWarp;
   const int blocks =
       static_cast<int>(std::clamp<std::int64_t>((n + rows_per_block - 1) / rows_per_block, 1, kMaxRowBlocks));
+  auto* sc = static_cast<unsigned char*>(scratch);
   if (half)
     softmax_xent_kernel<__half><<<blocks, kRowBlock, 0, stream>>>(static_cast<const __half*>(logits), labels, n, k,
-                                                               static_cast<__half*>(dlogits), grad_scale, scale, stats);
+                                                               static_cast<__half*>(dlogits), grad_scale, scale, stats,
+                                                               sc);
   else
     softmax_xent_kernel<float><<<blocks, kRowBlock, 0, stream>>>(static_cast<const float*>(logits), labels, n, k,
-                                                              static_cast<float*>(dlogits), grad_scale, scale, stats);
+                                                              static_cast<float*>(dlogits), grad_scale, scale, stats,
+                                                              sc);
   MF_CHECK_LAUNCH();
 }
 

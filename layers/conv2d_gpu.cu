@@ -325,7 +325,8 @@ void Conv2D::backward_gpu(const Tensor& dy, Tensor& dx) {
   // every output pixel (accumulated, like every parameter gradient).
   ensure(st.dz, dy.shape(), dtype, Device::kGpu);
   const std::int64_t rows = dy.dim(0) * dy.dim(1) * dy.dim(2);
-  launch_bias_act_backward(y_.raw(), dy.raw(), st.dz.raw(), bias_.grad.raw(), half, rows, filters_,
+  launch_bias_act_backward(y_.raw(), dy.raw(), st.dz.raw(), bias_.grad.raw(), ctx.reduction_scratch(), half, rows,
+                           filters_,
                            act_ == Activation::kRelu, stream);
 
   const bool fma_only = !half && conv_options().fma_math_only;

@@ -78,7 +78,8 @@ void Dense::backward_gpu(const Tensor& dy, Tensor& dx) {
   const std::int64_t n = dy.dim(0);
   // dz = dy masked where the output was not positive (ReLU); db += column sums of dz.
   ensure(gpu_->dz, dy.shape(), dy.dtype(), Device::kGpu);
-  launch_bias_act_backward(y_.raw(), dy.raw(), gpu_->dz.raw(), bias_.grad.raw(), half, n, units_,
+  launch_bias_act_backward(y_.raw(), dy.raw(), gpu_->dz.raw(), bias_.grad.raw(), ctx.reduction_scratch(), half, n,
+                           units_,
                            act_ == Activation::kRelu, ctx.stream());
   // dW (in x units) += X^T (in x n) dZ (n x units), i.e. dW^T (units x in) += dZ^T (units x n) X (n x in):
   // dZ as stored is dZ^T to cuBLAS (no op), X as stored is X^T, so it is transposed back (op T).

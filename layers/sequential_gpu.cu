@@ -330,7 +330,8 @@ void step_body(GpuTrainer& t, Layers& layers, Optimizer& opt, std::int64_t nb, c
   // than through softmax_xent(), which picks compute_stream() itself. grad_scale 1/nb: the
   // batch's mean loss; the loss scale (FP16) is read on the device at every replay.
   launch_softmax_xent(h->raw(), t.half, yb.data<std::int32_t>(), nb, h->dim(1), t.dlogits.raw(),
-                      1.0f / static_cast<float>(nb), opt.device_loss_scale(), t.stats.data<float>(), s);
+                      1.0f / static_cast<float>(nb), opt.device_loss_scale(), t.stats.data<float>(),
+                      GpuContext::current().reduction_scratch(), s);
   const Tensor* g = &t.dlogits;
   for (auto it = layers.rbegin(); it != layers.rend(); ++it) {
     g = &(*it)->backward(*g);
@@ -725,7 +726,8 @@ EvalResult Sequential::evaluate_gpu(const data::Dataset& d, std::int64_t batch_s
         outputs.push_back(h->raw());
       }
       launch_softmax_xent(h->raw(), half, t.eval_labels.data<std::int32_t>(), nb, h->dim(1), nullptr,
-                          1.0f / static_cast<float>(nb), nullptr, t.eval_stats.data<float>(), s);
+                          1.0f / static_cast<float>(nb), nullptr, t.eval_stats.data<float>(),
+                          ctx.reduction_scratch(), s);
       launch_advance_cursor(t.eval_cursor_ptr(), nb, s);
     }
   }

@@ -7,6 +7,9 @@
 #include <string>
 
 #include "kernels/launchers.h"
+#if MF_WITH_CUDA
+#include "kernels/gpu_context.h"
+#endif
 
 namespace mf {
 
@@ -39,6 +42,14 @@ void check_gradient_buffer(const Tensor& dlogits, const Tensor& logits, const Te
     throw std::invalid_argument(std::string("softmax_xent: the gradient ") + dlogits.describe() + " overlaps the " +
                                 what + " it is computed from; give it a buffer of its own");
 }
+// The compute stream's reduction scratch (a CPU-only build has no GPU tensor to get here).
+void* reduction_scratch() {
+#if MF_WITH_CUDA
+  return GpuContext::current().reduction_scratch();
+#else
+  return nullptr;
+#endif
+}
 }  // namespace
 
 void softmax_xent(const Tensor& logits, const Tensor& labels, Tensor& stats, Tensor* dlogits, float grad_scale,
@@ -52,7 +63,7 @@ void softmax_xent(const Tensor& logits, const Tensor& labels, Tensor& stats, Ten
   if (logits.is_gpu()) {
     launch_softmax_xent(logits.raw(), logits.dtype() == DType::kF16, labels.data<std::int32_t>(), n, k,
                         dlogits ? dlogits->raw() : nullptr, grad_scale / static_cast<float>(n), scale,
-                        stats.data<float>(), compute_stream());
+                        stats.data<float>(), reduction_scratch(), compute_stream());
     return;
   }
   const float* z = logits.data<float>();

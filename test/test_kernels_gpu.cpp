@@ -82,6 +82,9 @@ std::vector<float> download_as(const Tensor& d, std::size_t count, bool half) {
   return half ? from_halves(download<Half>(d, count)) : download<float>(d, count);
 }
 
+// The reductions' scratch (launchers.h): zero-filled, as the kernels leave it.
+Tensor zeroed_scratch() { return upload(std::vector<unsigned char>(reduction_scratch_bytes(), 0)); }
+
 // ---- casts ----
 
 // Values that exercise every branch of float_to_half: signed zeros, rounding ties (to even),
@@ -206,6 +209,7 @@ TEST(KernelsGpu, BiasActForwardMatchesHost) {
 TEST(KernelsGpu, BiasActBackwardMasksAndAccumulatesBiasGradient) {
   MF_SKIP_WITHOUT_GPU();
   Rng rng(22);
+  const Tensor scratch = zeroed_scratch();
   for (const auto& s : kBiasShapes)
     for (const bool half : {false, true})
       for (const bool relu : {false, true})
@@ -224,7 +228,7 @@ TEST(KernelsGpu, BiasActBackwardMasksAndAccumulatesBiasGradient) {
             sum_abs[i % c] += std::fabs(dz[i]);
           }
           // Launched twice: db ends at db0 + 2 * sum (each launch adds; with f16 each launch
-          // rounds once), and a second f16 launch finds the scratch re-zeroed by the first.
+          // rounds once), and the second launch finds the scratch's counters re-zeroed by the first.
           std::vector<double> db_want(c);
           double max_abs = 0.0;
           for (std::int64_t k = 0; k < c; ++k) {
@@ -240,8 +244,8 @@ TEST(KernelsGpu, BiasActBackwardMasksAndAccumulatesBiasGradient) {
           const Tensor yd = upload_as(y, half), dyd = upload_as(dy, half), dbd = upload_as(db0, half);
           const Tensor dzd = in_place ? dyd : upload_as(std::vector<float>(n, 7.0f), half);
           for (int rep = 0; rep < 2; ++rep)  // in place, the second launch reads the masked dz: same result
-            launch_bias_act_backward(relu ? yd.raw() : nullptr, dyd.raw(), dzd.raw(), dbd.raw(), half, rows, c, relu,
-                                     stream());
+            launch_bias_act_backward(relu ? yd.raw() : nullptr, dyd.raw(), dzd.raw(), dbd.raw(), scratch.raw(), half,
+                                     rows, c, relu, stream());
           const std::string what = "rows " + std::to_string(rows) + " C " + std::to_string(c) +
                                    (half ? " f16" : " f32") + (relu ? " relu" : "") + (in_place ? " in place" : "");
           EXPECT_TRUE(testing::all_close(to_d(download_as(dzd, n, half)), to_d(dz), kExact)) << what;
@@ -251,8 +255,8 @@ TEST(KernelsGpu, BiasActBackwardMasksAndAccumulatesBiasGradient) {
             // way when the f32 sum falls within its own error of a rounding boundary.
             EXPECT_TRUE(testing::all_close(db, db_want, Tol{1e-3, 2e-3})) << what;
           } else {
-            // f32 sums in another order: |error| <= (depth of the sum) * 2^-24 * sum|dz|; the
-            // blocks' partials go in by atomics, a few hundred deep at most, and random
+            // f32 sums in another order: |error| <= (depth of the sum) * 2^-24 * sum|dz|; each
+            // thread's running sum over its rows is a few hundred deep at most, and random
             // rounding errors grow like its square root: 1e-6 * sum|dz| is ~16 units of it.
             EXPECT_TRUE(testing::all_close(db, db_want, Tol{1e-6 * max_abs + 1e-7, 1e-6})) << what;
             EXPECT_LE(testing::nmse(db, db_want), 1e-10) << what;
@@ -343,6 +347,7 @@ XentExpect xent_reference(const std::vector<float>& z, const std::vector<std::in
 TEST(KernelsGpu, SoftmaxXentStatsAndGradient) {
   MF_SKIP_WITHOUT_GPU();
   Rng rng(41);
+  const Tensor scratch = zeroed_scratch();
   struct Case {
     std::int64_t n, k;
   };
@@ -375,7 +380,7 @@ TEST(KernelsGpu, SoftmaxXentStatsAndGradient) {
         const Tensor scaled = upload(std::vector<float>{loss_scale});
         const Tensor dzd = upload_as(std::vector<float>(nz, 7.0f), half);
         launch_softmax_xent(zd.raw(), half, ptr<std::int32_t>(ld), n, k, mode ? dzd.raw() : nullptr, grad_scale,
-                            mode == 2 ? ptr<float>(scaled) : nullptr, ptr<float>(statsd), stream());
+                            mode == 2 ? ptr<float>(scaled) : nullptr, ptr<float>(statsd), scratch.raw(), stream());
         const std::string what = "n " + std::to_string(n) + " k " + std::to_string(k) + (half ? " f16" : " f32") +
                                  " mode " + std::to_string(mode);
         // f32 exp/log per row (a few ulp) and f32 sums over up to 257 rows of ~2.3.
@@ -402,6 +407,52 @@ TEST(KernelsGpu, SoftmaxXentStatsAndGradient) {
 }
 
 // ---- batches ----
+
+// The reductions across blocks add in a fixed order: launched again and again on the same
+// data, the sums have the same bits, whatever order the blocks ran and finished in (on the
+// emulation each launch draws another order; float atomics would add in the order they
+// landed). The scratch's counters are left zero.
+TEST(KernelsGpu, ReductionsGiveTheSameBitsAtEveryLaunch) {
+  MF_SKIP_WITHOUT_GPU();
+  Rng rng(43);
+  const Tensor scratch = zeroed_scratch();
+  for (const bool half : {false, true}) {
+    // conv1's bias gradient at batch 4: 4 * 26 * 26 rows of 32 channels, 16 blocks here.
+    const std::int64_t rows = 4 * 26 * 26, c = 32;
+    const std::size_t n = static_cast<std::size_t>(rows * c);
+    std::vector<float> y = uniform_vec(n, -1.0f, 1.0f, rng), dy = uniform_vec(n, -1.0f, 1.0f, rng);
+    const Tensor yd = upload_as(y, half), dyd = upload_as(dy, half), dzd = upload_as(std::vector<float>(n), half);
+    std::vector<std::uint32_t> first;
+    for (int rep = 0; rep < 4; ++rep) {
+      const Tensor dbd = upload(std::vector<float>(static_cast<std::size_t>(c), 0.0f));
+      launch_bias_act_backward(yd.raw(), dyd.raw(), dzd.raw(), dbd.raw(), scratch.raw(), half, rows, c, true,
+                               stream());
+      std::vector<std::uint32_t> bits(static_cast<std::size_t>(c));
+      const std::vector<float> db = download_as(dbd, static_cast<std::size_t>(c), half);
+      for (std::size_t i = 0; i < bits.size(); ++i) bits[i] = bits_of_float(db[i]);
+      if (rep == 0) first = bits;
+      EXPECT_EQ(bits, first) << "bias gradient, launch " << rep << (half ? " f16" : " f32");
+    }
+    // The statistics of 400 rows: 100 blocks.
+    const std::int64_t rows_x = 400, k = 10;
+    std::vector<float> z = uniform_vec(static_cast<std::size_t>(rows_x * k), -4.0f, 4.0f, rng);
+    std::vector<std::int32_t> labels(static_cast<std::size_t>(rows_x));
+    for (auto& l : labels) l = static_cast<std::int32_t>(rng.below(10));
+    const Tensor zd = upload_as(z, half), ld = upload(labels);
+    std::vector<std::uint32_t> first_stats;
+    for (int rep = 0; rep < 4; ++rep) {
+      const Tensor statsd = upload(std::vector<float>{0.0f, 0.0f, 0.0f});
+      launch_softmax_xent(zd.raw(), half, ptr<std::int32_t>(ld), rows_x, k, nullptr, 1.0f, nullptr, ptr<float>(statsd),
+                          scratch.raw(), stream());
+      const std::vector<float> st = download<float>(statsd, 3);
+      const std::vector<std::uint32_t> bits = {bits_of_float(st[0]), bits_of_float(st[1]), bits_of_float(st[2])};
+      if (rep == 0) first_stats = bits;
+      EXPECT_EQ(bits, first_stats) << "loss statistics, launch " << rep << (half ? " f16" : " f32");
+    }
+  }
+  const std::vector<std::uint32_t> counters = download<std::uint32_t>(scratch, 256 / 4);
+  EXPECT_EQ(counters, std::vector<std::uint32_t>(256 / 4, 0u)) << "the last blocks leave the counters zero";
+}
 
 TEST(KernelsGpu, GatherBatchFollowsDeviceCursor) {
   MF_SKIP_WITHOUT_GPU();
@@ -765,10 +816,10 @@ TEST(KernelsGpu, ZeroSizesLaunchNothing) {
     launch_cast_f16_to_f32(nullptr, nullptr, 0, s);
     launch_cast_u8_to_f32(nullptr, nullptr, 0, 1.0f, s);
     launch_bias_act_forward(nullptr, nullptr, false, 0, 32, true, s);
-    launch_bias_act_backward(nullptr, nullptr, nullptr, nullptr, true, 0, 32, true, s);
+    launch_bias_act_backward(nullptr, nullptr, nullptr, nullptr, nullptr, true, 0, 32, true, s);
     launch_maxpool2x2_forward(nullptr, nullptr, nullptr, false, 0, 26, 26, 32, s);
     launch_maxpool2x2_backward(nullptr, nullptr, nullptr, true, 0, 26, 26, 32, s);
-    launch_softmax_xent(nullptr, false, nullptr, 0, 10, nullptr, 1.0f, nullptr, nullptr, s);
+    launch_softmax_xent(nullptr, false, nullptr, 0, 10, nullptr, 1.0f, nullptr, nullptr, nullptr, s);
     launch_gather_batch(nullptr, nullptr, nullptr, nullptr, 0, 784, nullptr, false, nullptr, s);
     launch_advance_cursor(nullptr, 0, s);
     launch_normalize_batch(nullptr, nullptr, 0, 784, nullptr, true, nullptr, s);
