@@ -188,10 +188,15 @@ std::string json_string(const std::string& s) {
 }
 
 namespace {
+// The shortest decimal that reads back as the same double, so that two runs' files compare
+// equal exactly when their numbers do (six digits hid differences in the last bits).
 std::string num(double v) {
   if (!std::isfinite(v)) return "null";
   char b[64];
-  std::snprintf(b, sizeof b, "%.6g", v);
+  for (int digits = 1; digits <= 17; ++digits) {  // 17 digits always round-trip a double
+    std::snprintf(b, sizeof b, "%.*g", digits, v);
+    if (std::strtod(b, nullptr) == v) break;
+  }
   return b;
 }
 std::string utc_now() {
@@ -208,7 +213,8 @@ void write_metrics_json(const std::string& path, const RunInfo& info, const Hist
   os << "{\n  \"date\": " << json_string(utc_now()) << ",\n  \"device\": " << json_string(device_name(info.device))
      << ",\n  \"hardware\": " << json_string(info.hardware) << ",\n  \"precision\": " << json_string(info.fp16 ? "fp16" : "fp32")
      << ",\n  \"batch_size\": " << info.batch_size << ",\n  \"threads\": " << info.threads
-     << ",\n  \"seed\": " << info.seed << ",\n  \"params\": " << model.num_params()
+     << ",\n  \"seed\": " << info.seed << ",\n  \"deterministic\": " << (info.deterministic ? "true" : "false")
+     << ",\n  \"params\": " << model.num_params()
      << ",\n  \"data\": " << json_string(info.data_dir) << ",\n  \"interrupted\": " << (h.interrupted ? "true" : "false")
      << ",\n  \"epochs\": [";
   for (std::size_t i = 0; i < h.epochs.size(); ++i) {

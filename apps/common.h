@@ -71,6 +71,7 @@ struct RunInfo {
   int threads;
   std::string hardware, data_dir;
   std::int64_t seed;
+  bool deterministic;  // the run gives the same bits when repeated (CPU, or GPU --deterministic)
 };
 void write_metrics_json(const std::string& path, const RunInfo& info, const History& h, const EvalResult& test,
                         Sequential& model);

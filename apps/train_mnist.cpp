@@ -110,7 +110,8 @@ struct Options {
   std::int64_t epochs = 5, batch_size = 64, seed = 0, threads = 0, gpu = 0, gpu_memory_limit_mb = 0,
                workspace_mb = 64, limit_train = 0;
   double lr = 1e-3, momentum = 0.0, validation_split = 0.2, min_accuracy = 0.0;
-  bool fp16 = false, no_graph = false, dense_grad = false, verbose = false, quiet = false, overwrite = false;
+  bool fp16 = false, no_graph = false, deterministic = false, dense_grad = false, verbose = false, quiet = false,
+       overwrite = false;
 };
 
 // "NaN" or "infinite", for the messages about a loss that is not a number.
@@ -160,6 +161,9 @@ static int run_main(int argc, char** argv) {
                  "CPU: multiply the zeros of the convolution's output gradient too, instead of skipping them");
   flags.add_string("conv-algo", &o.conv_algo, "GPU: cuDNN algorithm choice", {"find", "heuristic"});
   flags.add_int("workspace-mb", &o.workspace_mb, 0, 1 << 20, "GPU: cuDNN workspace limit in MiB");
+  flags.add_bool("deterministic", &o.deterministic,
+                 "GPU: only cuDNN algorithms that give the same bits at every run (two runs with one seed on one "
+                 "card then print the same losses); may be slower. The CPU path always is");
   flags.add_bool("verbose", &o.verbose, "after each epoch, print the kernels each layer ran (CPU) or its GPU algorithms and memory use");
   flags.add_bool("quiet", &o.quiet, "no live progress bar: each epoch's lines are printed when it ends");
   flags.add_string("save", &o.save,
@@ -313,6 +317,7 @@ static int run_main(int argc, char** argv) {
     }
     conv_options().find = o.conv_algo == "find";
     conv_options().workspace_limit = static_cast<std::size_t>(o.workspace_mb) << 20;
+    conv_options().deterministic = o.deterministic;
     if (o.dense_grad) conv_options().cpu_sparse_below = 0.0;
 
     // ---- data ----
@@ -441,7 +446,8 @@ static int run_main(int argc, char** argv) {
     // The flags --help marks "GPU:", given for a run on the CPU, which ignores them.
     if (device == Device::kCpu) {
       std::vector<std::string> ignored;
-      for (const char* f : {"gpu", "gpu-memory-limit", "pipeline", "no-graph", "conv-algo", "workspace-mb"})
+      for (const char* f :
+           {"gpu", "gpu-memory-limit", "pipeline", "no-graph", "conv-algo", "workspace-mb", "deterministic"})
         if (flags.given(f) && !(std::string(f) == "pipeline" && o.pipeline == "auto")) ignored.push_back(f);
       std::string list;
       for (std::size_t i = 0; i < ignored.size(); ++i)
@@ -513,7 +519,8 @@ static int run_main(int argc, char** argv) {
                                " (test accuracy " + metric(test.accuracy) +
                                "): the model's outputs overflow on the test images");
     if (!o.metrics_json.empty()) {
-      apps::RunInfo info{device, o.fp16, o.batch_size, num_threads(), hw, mnist.dir, o.seed};
+      apps::RunInfo info{device, o.fp16, o.batch_size, num_threads(), hw, mnist.dir, o.seed,
+                         device == Device::kCpu || o.deterministic};
       History all = h;
       all.epochs = all_epochs;
       // Stopped inside an epoch: that epoch too, marked partial. Stopped at an epoch's last

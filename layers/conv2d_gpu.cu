@@ -18,6 +18,7 @@
 #include <cudnn.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <exception>
 #include <map>
 #include <stdexcept>
@@ -107,6 +108,9 @@ struct Choice {
   Algo algo{};
   cudnnMathType_t math = CUDNN_DEFAULT_MATH;
   std::size_t workspace = 0;
+  // Timed choices (cudnnFind*) only: the chosen algorithm's time, and that of the fastest
+  // candidate passed over for not being deterministic (--deterministic's cost); -1 if none.
+  float ms = -1.f, nondeterministic_ms = -1.f;
 };
 
 }  // namespace
@@ -119,7 +123,8 @@ struct ConvPlan {
   Choice<cudnnConvolutionFwdAlgo_t> fwd;
   Choice<cudnnConvolutionBwdDataAlgo_t> bwd_data;
   Choice<cudnnConvolutionBwdFilterAlgo_t> bwd_filter;
-  bool timed = false;  // chosen by timing (cudnnFind*) rather than by the heuristics
+  bool timed = false;          // chosen by timing (cudnnFind*) rather than by the heuristics
+  bool deterministic = false;  // only CUDNN_DETERMINISTIC algorithms were taken
 };
 
 struct ConvGpuState {
@@ -157,7 +162,8 @@ std::pair<void*, std::size_t> search_workspace(GpuContext& ctx) {
 }
 
 // Chooses from cuDNN's candidate list (sorted fastest first, by timing or by the
-// heuristics' estimate) the first that succeeded, fits the workspace limit and, when FP32
+// heuristics' estimate) the first that succeeded, fits the workspace limit, is
+// deterministic when conv_options().deterministic asks for that and, when FP32
 // must stay FMA-only, was measured with FMA math. If no candidate reports FMA math, the
 // candidates are tried again forced to FMA. Each is set on the descriptor `conv` with the
 // math it will run in and asked its workspace size (`workspace_size(algo, &bytes)`): a
@@ -168,12 +174,17 @@ template <class Perf, class Choice, class SizeFn>
 bool choose(const std::vector<Perf>& perf, int count, bool fma_only, cudnnConvolutionDescriptor_t conv,
             SizeFn workspace_size, Choice& choice, GpuContext& ctx) {
   const std::size_t limit = conv_options().workspace_limit;
+  const bool deterministic = conv_options().deterministic;
   std::exception_ptr out_of_memory;
   for (int pass = 0; pass < (fma_only ? 2 : 1); ++pass)
     for (int i = 0; i < count; ++i) {
       const Perf& p = perf[static_cast<std::size_t>(i)];
       if (p.status != CUDNN_STATUS_SUCCESS || p.memory > limit) continue;
       if (fma_only && (pass == 0) != (p.mathType == CUDNN_FMA_MATH)) continue;
+      if (deterministic && p.determinism != CUDNN_DETERMINISTIC) {
+        if (choice.nondeterministic_ms < 0.f) choice.nondeterministic_ms = p.time;
+        continue;
+      }
       const cudnnMathType_t math = fma_only ? CUDNN_FMA_MATH : p.mathType;
       MF_GPU_CHECK(cudnnSetConvolutionMathType(conv, math));
       std::size_t bytes = 0;
@@ -191,6 +202,7 @@ bool choose(const std::vector<Perf>& perf, int count, bool fma_only, cudnnConvol
       choice.algo = p.algo;
       choice.math = math;
       choice.workspace = bytes;
+      choice.ms = p.time;
       choice.chosen = true;
       return true;
     }
@@ -199,10 +211,20 @@ bool choose(const std::vector<Perf>& perf, int count, bool fma_only, cudnnConvol
 }
 
 [[noreturn]] void no_algorithm(const char* direction, const std::string& shape) {
-  throw GpuError("cuDNN offers no " + std::string(direction) + " algorithm it can run for Conv2D input " + shape +
-                     " within the workspace limit of " + format_bytes(conv_options().workspace_limit) +
-                     " (--workspace-mb)",
+  throw GpuError("cuDNN offers no " + std::string(direction) + (conv_options().deterministic ? " deterministic" : "") +
+                     " algorithm it can run for Conv2D input " + shape + " within the workspace limit of " +
+                     format_bytes(conv_options().workspace_limit) + " (--workspace-mb)",
                  "choosing a convolution algorithm", "conv2d_gpu.cu");
+}
+
+// " (deterministic: +0.012 ms a call)": what a timed choice lost by skipping a faster
+// non-deterministic candidate; empty when nothing faster was skipped or nothing was timed.
+template <class Algo>
+std::string determinism_cost(const Choice<Algo>& c, bool timed) {
+  if (!timed || c.nondeterministic_ms < 0.f || c.ms < 0.f) return "";
+  char buf[64];
+  std::snprintf(buf, sizeof buf, " [deterministic: %+.3f ms a call]", static_cast<double>(c.ms - c.nondeterministic_ms));
+  return buf;
 }
 
 }  // namespace
@@ -224,14 +246,16 @@ std::string Conv2D::gpu_config() const {
   const ConvPlan* p = gpu_ ? (gpu_->last_backward ? gpu_->last_backward : gpu_->last_forward) : nullptr;
   if (!p) return "cuDNN, algorithms not chosen yet (no input seen)";
   std::string s = "cuDNN NHWC " + std::string(dtype_name(compute_dtype_)) + ": fwd " +
-                  fwd_algo_name(p->fwd.algo) + " (" + math_name(p->fwd.math) + ")";
+                  fwd_algo_name(p->fwd.algo) + " (" + math_name(p->fwd.math) + ")" + determinism_cost(p->fwd, p->timed);
   if (p->bwd_data.chosen)
-    s += ", bwd-data " + std::string(bwd_data_algo_name(p->bwd_data.algo)) + " (" + math_name(p->bwd_data.math) + ")";
+    s += ", bwd-data " + std::string(bwd_data_algo_name(p->bwd_data.algo)) + " (" + math_name(p->bwd_data.math) + ")" +
+         determinism_cost(p->bwd_data, p->timed);
   if (p->bwd_filter.chosen)
     s += ", bwd-filter " + std::string(bwd_filter_algo_name(p->bwd_filter.algo)) + " (" +
-         math_name(p->bwd_filter.math) + ")";
+         math_name(p->bwd_filter.math) + ")" + determinism_cost(p->bwd_filter, p->timed);
   const std::size_t ws = std::max({p->fwd.workspace, p->bwd_data.workspace, p->bwd_filter.workspace});
-  s += "; workspace " + format_bytes(ws) + "; " + (p->timed ? "timed" : "heuristic") + " for batch " +
+  s += "; workspace " + format_bytes(ws) + "; " + (p->timed ? "timed" : "heuristic") +
+       (p->deterministic ? ", deterministic" : "") + " for batch " +
        std::to_string(p->n);
   if (gpu_->plans.size() > 1) s += " (+" + std::to_string(gpu_->plans.size() - 1) + " other shapes)";
   return s;
@@ -270,6 +294,7 @@ void Conv2D::forward_gpu(const Tensor& x, Tensor& y) {
     p.bwd_data_conv = make_conv(dtype);
     p.bwd_filter_conv = make_conv(dtype);
     p.timed = conv_options().find;
+    p.deterministic = conv_options().deterministic;
     it = st.plans.emplace(key, std::move(p)).first;
   }
   ConvPlan& p = it->second;

@@ -21,6 +21,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <regex>
 #include <string>
 #include <vector>
 
@@ -1318,6 +1319,37 @@ TEST(TrainMnistCli, DenseGradSwitchesKernelsAndTrainsAlike) {
   EXPECT_NEAR(loss[1], loss[0], 1e-3 * loss[0]);
   EXPECT_NEAR(val_loss[1], val_loss[0], 1e-2 * val_loss[0]);
   EXPECT_GT(loss[0], 0.1);  // a real loss, not a default
+}
+
+// The CPU path gives the same bits at every run with one seed, so two runs write the same
+// losses to the last digit (the JSON prints each number with the digits that round-trip it);
+// --deterministic, a GPU flag, is noted as ignored there and the file says "deterministic".
+TEST(TrainMnistCli, TwoCpuRunsWithOneSeedWriteTheSameLosses) {
+  const std::string data = mnist_dir();
+  if (!fs::exists(data)) GTEST_SKIP() << "no MNIST at " << data;
+  TempDir dir;
+  std::string epochs[2];
+  for (int run = 0; run < 2; ++run) {
+    const std::string json = dir.file("run" + std::to_string(run) + ".json");
+    const RunResult r = run_program(MF_TRAIN_MNIST_BIN,
+                            "--device cpu --data " + sh_quote(data) + " --quiet --limit-train 640 --epochs 2 "
+                            "--validation-split 0.05 --seed 7 --deterministic --metrics-json " + json,
+                            dir);
+    ASSERT_EQ(r.status, 0) << r.err;
+    EXPECT_NE(r.err.find("--deterministic applies to the GPU only"), std::string::npos) << r.err;
+    const std::string j = apps::read_file_bytes(json);
+    EXPECT_NE(j.find("\"deterministic\": true"), std::string::npos) << j;
+    const std::size_t from = j.find("\"epochs\": ["), to = j.find(']', from);
+    ASSERT_NE(from, std::string::npos) << j;
+    ASSERT_NE(to, std::string::npos) << j;
+    epochs[run] = j.substr(from, to - from);
+    EXPECT_GT(json_number(j, "loss"), 0.05);  // a real loss, not a default
+  }
+  // Every epoch's losses, accuracies and step counts, the times taken out.
+  for (std::string& e : epochs)
+    e = std::regex_replace(e, std::regex(R"re(, "(train_seconds|ms_per_step)": [^,}]+)re"), "");
+  EXPECT_NE(epochs[0].find("\"val_loss\": "), std::string::npos) << epochs[0];
+  EXPECT_EQ(epochs[0], epochs[1]);
 }
 
 // The scripts answer --help with the comment at their top, and refuse an argument they do not

@@ -205,7 +205,7 @@ TEST(MetricsJson, FileWithANonUtf8PathIsUtf8) {
   TempDir dir;
   Rng rng(1);
   Sequential model = Sequential::mnist_cnn(rng);
-  apps::RunInfo info{Device::kCpu, false, 64, 1, "cpu \xfe", "dat\xff", 1};
+  apps::RunInfo info{Device::kCpu, false, 64, 1, "cpu \xfe", "dat\xff", 1, true};
   History h;
   EpochLog e;
   e.loss = 0.5, e.accuracy = 0.9, e.val_loss = e.val_accuracy = std::nan("");

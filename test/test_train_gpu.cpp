@@ -57,12 +57,15 @@ constexpr Tol kSameStepsFp16{1e-4, 1e-3};
 
 // Keeps the convolution settings a test needs and restores the previous ones. Models that
 // are compared choose cuDNN algorithms by the heuristics (deterministic for a shape; timing
-// could pick different algorithms for two models) with FMA-only FP32 math.
+// could pick different algorithms for two models) with FMA-only FP32 math, and only among
+// cuDNN's deterministic algorithms: a non-deterministic one (a weight gradient that sums
+// per-image partials with atomics) can give two identical models different bits.
 class ConvOptionsGuard : mf::testing::ConvOptionsScope {
  public:
   ConvOptionsGuard(bool find, bool fma_only) {
     mf::conv_options().find = find;
     mf::conv_options().fma_math_only = fma_only;
+    mf::conv_options().deterministic = true;
   }
 };
 
@@ -292,6 +295,47 @@ TEST(TrainGpu, PipelinesGiveTheSameModelFp32) {
 TEST(TrainGpu, PipelinesGiveTheSameModelFp16) {
   MF_SKIP_WITHOUT_GPU();
   check_pipelines(DType::kF16, kSameStepsFp16);
+}
+
+// --deterministic on the GPU: cuDNN's algorithms chosen by timing, as train_mnist does,
+// with the default math, but only among the deterministic ones; our own kernels reduce in
+// a fixed order. Two runs of one seed then agree to the last bit: losses and weights.
+void check_deterministic(DType dtype) {
+  mf::testing::ConvOptionsScope keep;
+  mf::conv_options().find = true;
+  mf::conv_options().deterministic = true;
+  const mf::data::Dataset train = synthetic(200, 23), val = synthetic(40, 24);
+  FitOptions o;
+  o.epochs = 2;
+  o.batch_size = 64;
+  o.seed = 5;
+  std::vector<mf::History> h;
+  std::vector<std::vector<double>> w;
+  for (int run = 0; run < 2; ++run) {
+    mf::Rng rng(29);
+    Sequential m = Sequential::mnist_cnn(rng);
+    m.to(Device::kGpu);
+    if (dtype == DType::kF16) m.set_compute_dtype(DType::kF16);
+    m.compile(std::make_unique<mf::Adam>());
+    h.push_back(m.fit(train, &val, o));
+    w.push_back(weights_of(m));
+  }
+  ASSERT_EQ(h[0].epochs.size(), 2u);
+  ASSERT_EQ(h[1].epochs.size(), 2u);
+  for (std::size_t e = 0; e < 2; ++e) {
+    EXPECT_EQ(h[0].epochs[e].loss, h[1].epochs[e].loss) << "epoch " << e + 1;
+    EXPECT_EQ(h[0].epochs[e].val_loss, h[1].epochs[e].val_loss) << "epoch " << e + 1;
+  }
+  EXPECT_EQ(w[0], w[1]);
+}
+
+TEST(TrainGpu, DeterministicRunsGiveTheSameBitsFp32) {
+  MF_SKIP_WITHOUT_GPU();
+  check_deterministic(DType::kF32);
+}
+TEST(TrainGpu, DeterministicRunsGiveTheSameBitsFp16) {
+  MF_SKIP_WITHOUT_GPU();
+  check_deterministic(DType::kF16);
 }
 
 // Images with channels on the GPU: each pipeline copies whole (H, W, C) samples to the

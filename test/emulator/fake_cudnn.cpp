@@ -10,7 +10,11 @@
 // workspace growth runs, and some algorithms are reported NOT_SUPPORTED, so the caller's
 // skipping of them runs. The work runs on the handle's stream (streams.h); it first
 // scribbles over the workspace the algorithm asked for, so a workspace that overlaps live
-// data shows. Products are accumulated in double and rounded once to the data type.
+// data shows. Products are accumulated in double and rounded once to the data type, except
+// by the non-deterministic algorithms (backward-filter ALGO_3 and ALGO_0, listed fastest
+// first as on many GPUs), which add per-image partials in float in an order that changes at
+// every call, as atomics do: only a caller that asks for CUDNN_DETERMINISTIC algorithms gets
+// the same bits twice.
 // Operands (and the workspace) that run past their allocation or lie in host memory fail the
 // call (CUDNN_STATUS_EXECUTION_FAILED, with a line on stderr), where a GPU would read or write
 // them anyway.
@@ -23,10 +27,12 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <random>
 #include <vector>
 
 #include "tensor/half.h"
@@ -187,10 +193,13 @@ constexpr Algo kBwdDataAlgos[] = {
     {CUDNN_CONVOLUTION_BWD_DATA_ALGO_WINOGRAD, false, Ws::kNone, CUDNN_DETERMINISTIC},
     {CUDNN_CONVOLUTION_BWD_DATA_ALGO_WINOGRAD_NONFUSED, false, Ws::kNone, CUDNN_DETERMINISTIC},
 };
+// The fastest backward-filter algorithm is a non-deterministic one, as it often is on a
+// GPU: it sums its partial results in an order that changes at every call (see
+// backward_filter), so that a caller who needs the same bits at every run must look past it.
 constexpr Algo kBwdFilterAlgos[] = {
+    {CUDNN_CONVOLUTION_BWD_FILTER_ALGO_3, true, Ws::kFilterF32, CUDNN_NON_DETERMINISTIC},
     {CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1, true, Ws::kFilterF32, CUDNN_DETERMINISTIC},
     {CUDNN_CONVOLUTION_BWD_FILTER_ALGO_0, true, Ws::kNone, CUDNN_NON_DETERMINISTIC},
-    {CUDNN_CONVOLUTION_BWD_FILTER_ALGO_3, false, Ws::kNone, CUDNN_NON_DETERMINISTIC},
     {CUDNN_CONVOLUTION_BWD_FILTER_ALGO_FFT, false, Ws::kNone, CUDNN_DETERMINISTIC},
     {CUDNN_CONVOLUTION_BWD_FILTER_ALGO_FFT_TILING, false, Ws::kNone, CUDNN_DETERMINISTIC},
     {CUDNN_CONVOLUTION_BWD_FILTER_ALGO_WINOGRAD, false, Ws::kNone, CUDNN_DETERMINISTIC},
@@ -402,23 +411,43 @@ void backward_data(const Conv& v, const void* w, const void* dy, void* dx, float
         for (std::int64_t c = 0; c < v.c; ++c) blend(dx, v.half, v.x_at(n, c, h, col), acc[i++], alpha, beta);
 }
 
+// The order a non-deterministic algorithm adds its per-image partial sums in: a new
+// rotation at every call, as float atomics from blocks that finish in a different order.
+std::int64_t atomic_order_start(std::int64_t images) {
+  static std::atomic<std::uint64_t> calls{std::random_device{}()};
+  return static_cast<std::int64_t>((calls.fetch_add(0x9e3779b97f4a7c15ull) >> 33) % static_cast<std::uint64_t>(images));
+}
+
 // dw (K, C, R, S) = alpha sum_{n, p, q} x(n, c, p stride - pad + r dil, ...) dy(n, k, p, q)
-// + beta dw, at the flipped position (R-1-r, S-1-s) for CUDNN_CONVOLUTION.
-void backward_filter(const Conv& v, const void* x, const void* dy, void* dw, float alpha, float beta) {
+// + beta dw, at the flipped position (R-1-r, S-1-s) for CUDNN_CONVOLUTION. A deterministic
+// algorithm sums in double, in image order. A non-deterministic one sums each image in
+// double, rounds that partial to float and adds the partials in float, starting from a
+// different image at every call: the low bits of the result change from call to call.
+void backward_filter(const Conv& v, const void* x, const void* dy, void* dw, float alpha, float beta,
+                     bool deterministic) {
   const std::vector<float> xs = input_nhwc(v, x);
   const std::int64_t len = v.r * v.s * v.c;
   std::vector<double> acc(static_cast<std::size_t>(v.k * len), 0.0);  // (K, R, S, C) in tap order
+  std::vector<double> image(deterministic ? 0 : acc.size());
   std::vector<float> patch(static_cast<std::size_t>(len));
-  for (std::int64_t n = 0; n < v.n; ++n)
+  const std::int64_t start = deterministic || v.n == 0 ? 0 : atomic_order_start(v.n);
+  for (std::int64_t step = 0; step < v.n; ++step) {
+    const std::int64_t n = (start + step) % v.n;
+    std::vector<double>& into = deterministic ? acc : image;
+    if (!deterministic) std::fill(image.begin(), image.end(), 0.0);
     for (std::int64_t p = 0; p < v.p; ++p)
       for (std::int64_t q = 0; q < v.q; ++q) {
         gather_patch(v, xs, n, p, q, patch.data());
         for (std::int64_t k = 0; k < v.k; ++k) {
           const double d = load(dy, v.half, v.y_at(n, k, p, q));
-          double* a = acc.data() + k * len;
+          double* a = into.data() + k * len;
           for (std::int64_t i = 0; i < len; ++i) a[i] += d * patch[i];
         }
       }
+    if (!deterministic)
+      for (std::size_t j = 0; j < acc.size(); ++j)
+        acc[j] = static_cast<float>(static_cast<float>(acc[j]) + static_cast<float>(image[j]));
+  }
   std::size_t i = 0;
   for (std::int64_t k = 0; k < v.k; ++k)
     for (std::int64_t r = 0; r < v.r; ++r)
@@ -884,7 +913,9 @@ cudnnStatus_t cudnnConvolutionBackwardFilter(cudnnHandle_t handle, const void* a
   s = check_compute(Dir::kBwdFilter, v, algo, alpha, beta, x, dy, dw, workSpace, workSpaceSizeInBytes, &need);
   if (s != CUDNN_STATUS_SUCCESS) return s;
   const float a = *static_cast<const float*>(alpha), b = *static_cast<const float*>(beta);
-  return enqueue_compute(handle, workSpace, need, [v, x, dy, dw, a, b] { backward_filter(v, x, dy, dw, a, b); });
+  const bool deterministic = find_algo(Dir::kBwdFilter, algo)->determinism == CUDNN_DETERMINISTIC;
+  return enqueue_compute(handle, workSpace, need,
+                         [v, x, dy, dw, a, b, deterministic] { backward_filter(v, x, dy, dw, a, b, deterministic); });
 }
 
 }  // extern "C"

@@ -34,7 +34,13 @@ mf::data::Dataset noise_images(std::int64_t count, std::uint64_t seed) {
   return d;
 }
 
-std::vector<double> trained_weights(bool use_graph, const mf::data::Dataset& train, std::string* info) {
+// One epoch from seed 3, the convolutions choosing among cuDNN's deterministic algorithms
+// only when `deterministic` (the emulated cuDNN's fastest backward-filter algorithm sums
+// per-image partials in a varying order, as the real ALGO_0 and ALGO_3 do with atomics).
+std::vector<double> trained_weights(bool use_graph, const mf::data::Dataset& train, std::string* info,
+                                    bool deterministic = true) {
+  mf::testing::ConvOptionsScope keep;
+  mf::conv_options().deterministic = deterministic;
   mf::Rng rng(3);
   Sequential m = Sequential::mnist_cnn(rng);
   m.to(mf::Device::kGpu);
@@ -44,6 +50,7 @@ std::vector<double> trained_weights(bool use_graph, const mf::data::Dataset& tra
   o.use_graph = use_graph;
   m.fit(train, nullptr, o);
   *info = m.gpu_training_info();
+  for (const auto& layer : m.layers()) *info += "\n" + layer->gpu_config();
   std::vector<double> w;
   for (mf::Parameter* p : m.parameters())
     for (float v : p->value.to_vector()) w.push_back(v);
@@ -66,6 +73,24 @@ TEST(EmulatedFaults, RefusedGraphFallsBackToEagerSteps) {
   EXPECT_NE(fallback_info.find("4 eager steps"), std::string::npos) << fallback_info;
   // The same steps in the same order: the same weights, to the last bit.
   EXPECT_EQ(fallback, eager);
+}
+
+// --deterministic: without it the emulated cuDNN picks its fastest backward-filter
+// algorithm, whose sum over the batch starts at a different image at every call, so two
+// runs of one seed part in the low bits; with it, the same bits, and the plan says so.
+TEST(EmulatedFaults, OnlyDeterministicAlgorithmsGiveTheSameBitsAtEveryRun) {
+  const mf::data::Dataset train = noise_images(200, 2);
+  std::string info_a, info_b;
+  const std::vector<double> fast_a = trained_weights(false, train, &info_a, false);
+  const std::vector<double> fast_b = trained_weights(false, train, &info_b, false);
+  EXPECT_EQ(info_a.find("deterministic"), std::string::npos) << info_a;
+  EXPECT_NE(info_a.find("bwd-filter ALGO_3"), std::string::npos) << info_a;
+  EXPECT_NE(fast_a, fast_b) << "the non-deterministic algorithm gave the same bits twice";
+  const std::vector<double> det_a = trained_weights(false, train, &info_a, true);
+  const std::vector<double> det_b = trained_weights(false, train, &info_b, true);
+  EXPECT_NE(info_a.find(", deterministic"), std::string::npos) << info_a;
+  EXPECT_EQ(info_a.find("bwd-filter ALGO_3"), std::string::npos) << info_a;
+  EXPECT_EQ(det_a, det_b);
 }
 
 // A GEMM operand that runs past its allocation (a leading dimension or a size too large,
