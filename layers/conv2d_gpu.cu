@@ -14,6 +14,13 @@
 // is bound by memory traffic, not arithmetic. Instead cuDNN picks what runs best for C = 1
 // (Find times the candidates, Tensor Core kernels or not), and gpu_config() reports the
 // algorithms and math modes it chose, so --verbose shows what actually ran.
+//
+// Should cuDNN offer no f16 algorithm at all for a direction of a layer (its documentation
+// promises Tensor Cores only for channel counts that are multiples of 8 and does not say
+// what else it offers for C = 1), that direction runs in f32 instead: the f16 operands are
+// cast to f32 copies, the convolution uses the f32 master weights, and the result is cast
+// back (or, for the filter gradient, added into the f16 gradient). One line on stderr says
+// so for the layer, and gpu_config() marks the direction "[f32: no f16 algorithm]".
 #include <cuda_runtime.h>
 #include <cudnn.h>
 
@@ -111,6 +118,9 @@ struct Choice {
   // Timed choices (cudnnFind*) only: the chosen algorithm's time, and that of the fastest
   // candidate passed over for not being deterministic (--deterministic's cost); -1 if none.
   float ms = -1.f, nondeterministic_ms = -1.f;
+  // An f16 layer's direction for which cuDNN offered no f16 algorithm: it runs in f32 on
+  // copies of its operands (see ConvPlan).
+  bool f32 = false;
 };
 
 }  // namespace
@@ -125,6 +135,13 @@ struct ConvPlan {
   Choice<cudnnConvolutionBwdFilterAlgo_t> bwd_filter;
   bool timed = false;          // chosen by timing (cudnnFind*) rather than by the heuristics
   bool deterministic = false;  // only CUDNN_DETERMINISTIC algorithms were taken
+  // The f32 fallback of an f16 layer: descriptors and f32 copies of x, y, dz and dx for the
+  // directions cuDNN has no f16 algorithm for (cast in and out around the convolution; the
+  // bias, ReLU and the other layers stay f16). Per shape, so that a CUDA graph captured for
+  // one shape keeps its buffers when another shape runs.
+  bool has_f32 = false;
+  TensorDesc x32d, y32d;
+  Tensor x32, y32, dz32, dx32;
 };
 
 struct ConvGpuState {
@@ -134,6 +151,9 @@ struct ConvGpuState {
   const ConvPlan* last_forward = nullptr;
   const ConvPlan* last_backward = nullptr;
   Tensor dz;  // dy masked by ReLU: the layer's own buffer (dy belongs to the next layer)
+  FilterDesc w32;     // the f32 fallback's filter descriptor (the master weights), and
+  Tensor dw32;        // its filter gradient, added into the f16 gradient
+  bool noted_f32 = false;  // the one line saying that this layer falls back has been printed
 };
 
 namespace {
@@ -227,6 +247,49 @@ std::string determinism_cost(const Choice<Algo>& c, bool timed) {
   return buf;
 }
 
+// Makes plan `p` of an f16 layer ready to run a direction in f32: f32 descriptors of x
+// (N, H, W, C), y (N, P, Q, K) and the filter, f32 buffers for the copies, and prints the
+// one line per layer saying that this happens. Shapes in NHWC order.
+void prepare_f32(ConvGpuState& st, ConvPlan& p, const std::string& layer, const char* direction,
+                 std::int64_t c, std::int64_t k, std::int64_t r, std::int64_t out_h, std::int64_t out_w) {
+  if (!p.has_f32) {
+    p.x32d = make_tensor_desc();
+    p.y32d = make_tensor_desc();
+    MF_GPU_CHECK(cudnnSetTensor4dDescriptor(p.x32d.get(), CUDNN_TENSOR_NHWC, CUDNN_DATA_FLOAT, as_int(p.n), as_int(c),
+                                            as_int(p.h), as_int(p.w)));
+    MF_GPU_CHECK(cudnnSetTensor4dDescriptor(p.y32d.get(), CUDNN_TENSOR_NHWC, CUDNN_DATA_FLOAT, as_int(p.n), as_int(k),
+                                            as_int(out_h), as_int(out_w)));
+    ensure(p.x32, Shape{p.n, p.h, p.w, c}, DType::kF32, Device::kGpu);
+    ensure(p.y32, Shape{p.n, out_h, out_w, k}, DType::kF32, Device::kGpu);
+    ensure(p.dz32, Shape{p.n, out_h, out_w, k}, DType::kF32, Device::kGpu);
+    p.has_f32 = true;
+  }
+  if (!st.w32) {
+    st.w32 = make_filter_desc();
+    MF_GPU_CHECK(cudnnSetFilter4dDescriptor(st.w32.get(), CUDNN_DATA_FLOAT, CUDNN_TENSOR_NHWC, as_int(k), as_int(c),
+                                            as_int(r), as_int(r)));
+    ensure(st.dw32, Shape{k, r, r, c}, DType::kF32, Device::kGpu);
+  }
+  if (!st.noted_f32) {
+    std::fprintf(stderr,
+                 "microflow: note: cuDNN offers no f16 %s algorithm for %s, input %s: that layer's convolutions "
+                 "without one run in f32 (--verbose lists them); the rest of the model stays f16\n",
+                 direction, layer.c_str(), shape_text(p.n, p.h, p.w, c, DType::kF16).c_str());
+    st.noted_f32 = true;
+  }
+}
+
+// The copies around an f32 fallback: f16 -> f32 and back.
+void to_f32(const Tensor& from, Tensor& to, cudaStream_t s) {
+  launch_cast_f16_to_f32(from.data<Half>(), to.data<float>(), from.numel(), s);
+}
+
+// " (f32: no f16 algorithm)" after a direction that fell back.
+template <class Algo>
+const char* fallback_text(const Choice<Algo>& c) {
+  return c.f32 ? " [f32: no f16 algorithm]" : "";
+}
+
 }  // namespace
 
 Conv2D::~Conv2D() = default;
@@ -246,13 +309,14 @@ std::string Conv2D::gpu_config() const {
   const ConvPlan* p = gpu_ ? (gpu_->last_backward ? gpu_->last_backward : gpu_->last_forward) : nullptr;
   if (!p) return "cuDNN, algorithms not chosen yet (no input seen)";
   std::string s = "cuDNN NHWC " + std::string(dtype_name(compute_dtype_)) + ": fwd " +
-                  fwd_algo_name(p->fwd.algo) + " (" + math_name(p->fwd.math) + ")" + determinism_cost(p->fwd, p->timed);
+                  fwd_algo_name(p->fwd.algo) + " (" + math_name(p->fwd.math) + ")" + fallback_text(p->fwd) +
+                  determinism_cost(p->fwd, p->timed);
   if (p->bwd_data.chosen)
     s += ", bwd-data " + std::string(bwd_data_algo_name(p->bwd_data.algo)) + " (" + math_name(p->bwd_data.math) + ")" +
-         determinism_cost(p->bwd_data, p->timed);
+         fallback_text(p->bwd_data) + determinism_cost(p->bwd_data, p->timed);
   if (p->bwd_filter.chosen)
     s += ", bwd-filter " + std::string(bwd_filter_algo_name(p->bwd_filter.algo)) + " (" +
-         math_name(p->bwd_filter.math) + ")" + determinism_cost(p->bwd_filter, p->timed);
+         math_name(p->bwd_filter.math) + ")" + fallback_text(p->bwd_filter) + determinism_cost(p->bwd_filter, p->timed);
   const std::size_t ws = std::max({p->fwd.workspace, p->bwd_data.workspace, p->bwd_filter.workspace});
   s += "; workspace " + format_bytes(ws) + "; " + (p->timed ? "timed" : "heuristic") +
        (p->deterministic ? ", deterministic" : "") + " for batch " +
@@ -300,35 +364,56 @@ void Conv2D::forward_gpu(const Tensor& x, Tensor& y) {
   ConvPlan& p = it->second;
   cudnnHandle_t handle = ctx.cudnn();
 
+  cudaStream_t stream = ctx.stream();
   if (!p.fwd.chosen) {
-    const bool fma_only = !half && conv_options().fma_math_only;
-    std::vector<cudnnConvolutionFwdAlgoPerf_t> perf(CUDNN_CONVOLUTION_FWD_ALGO_COUNT);
-    int count = 0;
-    if (p.timed) {
-      // Times every candidate on the real buffers: x and w are only read, y is written
-      // and then overwritten by the real forward below.
-      const auto [ws, ws_bytes] = search_workspace(ctx);
-      MF_GPU_CHECK(cudnnFindConvolutionForwardAlgorithmEx(handle, p.x.get(), x.raw(), st.w.get(), weight,
-                                                          p.fwd_conv.get(), p.y.get(), y.raw(),
-                                                          static_cast<int>(perf.size()), &count, perf.data(), ws,
-                                                          ws_bytes));
-    } else {
-      MF_GPU_CHECK(cudnnGetConvolutionForwardAlgorithm_v7(handle, p.x.get(), st.w.get(), p.fwd_conv.get(), p.y.get(),
-                                                          static_cast<int>(perf.size()), &count, perf.data()));
-    }
-    const auto size = [&](cudnnConvolutionFwdAlgo_t algo, std::size_t* bytes) {
-      return cudnnGetConvolutionForwardWorkspaceSize(handle, p.x.get(), st.w.get(), p.fwd_conv.get(), p.y.get(), algo,
-                                                     bytes);
+    // The candidates for the layer's type or, with f32 = true, for its f32 fallback.
+    const auto pick = [&](bool f32) {
+      const bool fma_only = (f32 || !half) && conv_options().fma_math_only;
+      cudnnTensorDescriptor_t xd = f32 ? p.x32d.get() : p.x.get(), yd = f32 ? p.y32d.get() : p.y.get();
+      cudnnFilterDescriptor_t wd = f32 ? st.w32.get() : st.w.get();
+      std::vector<cudnnConvolutionFwdAlgoPerf_t> perf(CUDNN_CONVOLUTION_FWD_ALGO_COUNT);
+      int count = 0;
+      if (p.timed) {
+        // Times every candidate on the real buffers: x and w are only read, y is written
+        // and then overwritten by the real forward below.
+        const auto [ws, ws_bytes] = search_workspace(ctx);
+        MF_GPU_CHECK(cudnnFindConvolutionForwardAlgorithmEx(
+            handle, xd, f32 ? p.x32.raw() : x.raw(), wd, f32 ? weight_.value.raw() : weight, p.fwd_conv.get(), yd,
+            f32 ? p.y32.raw() : y.raw(), static_cast<int>(perf.size()), &count, perf.data(), ws, ws_bytes));
+      } else {
+        MF_GPU_CHECK(cudnnGetConvolutionForwardAlgorithm_v7(handle, xd, wd, p.fwd_conv.get(), yd,
+                                                            static_cast<int>(perf.size()), &count, perf.data()));
+      }
+      const auto size = [&](cudnnConvolutionFwdAlgo_t algo, std::size_t* bytes) {
+        return cudnnGetConvolutionForwardWorkspaceSize(handle, xd, wd, p.fwd_conv.get(), yd, algo, bytes);
+      };
+      return choose(perf, count, fma_only, p.fwd_conv.get(), size, p.fwd, ctx);
     };
-    if (!choose(perf, count, fma_only, p.fwd_conv.get(), size, p.fwd, ctx))
-      no_algorithm("forward", shape_text(n, h, w, in_channels_, dtype));
+    if (!pick(false)) {
+      if (!half) no_algorithm("forward", shape_text(n, h, w, in_channels_, dtype));
+      prepare_f32(st, p, label(), "forward", in_channels_, filters_, k_, y.dim(1), y.dim(2));
+      to_f32(x, p.x32, stream);  // what Find times on
+      p.fwd = {};
+      MF_GPU_CHECK(cudnnSetConvolutionMathType(p.fwd_conv.get(), requested_math(DType::kF32)));
+      if (!pick(true)) no_algorithm("forward", shape_text(n, h, w, in_channels_, dtype) + " (in f16 or f32)");
+      p.fwd.f32 = true;
+    }
   }
   st.last_forward = &p;
 
   const float one = 1.0f, zero = 0.0f;  // alpha, beta: f32 for f16 data too (f32 compute type)
   void* ws = p.fwd.workspace ? ctx.workspace(p.fwd.workspace) : nullptr;
-  MF_GPU_CHECK(cudnnConvolutionForward(handle, &one, p.x.get(), x.raw(), st.w.get(), weight, p.fwd_conv.get(),
-                                       p.fwd.algo, ws, p.fwd.workspace, &zero, p.y.get(), y.raw()));
+  if (p.fwd.f32) {
+    // f16 in, f32 convolution on the master weights, f16 out.
+    to_f32(x, p.x32, stream);
+    MF_GPU_CHECK(cudnnConvolutionForward(handle, &one, p.x32d.get(), p.x32.raw(), st.w32.get(), weight_.value.raw(),
+                                         p.fwd_conv.get(), p.fwd.algo, ws, p.fwd.workspace, &zero, p.y32d.get(),
+                                         p.y32.raw()));
+    launch_cast_f32_to_f16(p.y32.data<float>(), y.data<Half>(), y.numel(), stream);
+  } else {
+    MF_GPU_CHECK(cudnnConvolutionForward(handle, &one, p.x.get(), x.raw(), st.w.get(), weight, p.fwd_conv.get(),
+                                         p.fwd.algo, ws, p.fwd.workspace, &zero, p.y.get(), y.raw()));
+  }
   launch_bias_act_forward(y.raw(), bias, half, y.numel(), filters_, act_ == Activation::kRelu, ctx.stream());
 }
 
@@ -354,70 +439,121 @@ void Conv2D::backward_gpu(const Tensor& dy, Tensor& dx) {
                            filters_,
                            act_ == Activation::kRelu, stream);
 
-  const bool fma_only = !half && conv_options().fma_math_only;
   const bool need_filter = !p.bwd_filter.chosen, need_data = dx.defined() && !p.bwd_data.chosen;
   if ((need_filter || need_data) && ctx.capturing())
     throw std::logic_error("Conv2D: backward algorithms for " + x_.shape().str() +
                            " chosen during CUDA graph capture; run one eager step of this shape first");
+  const std::int64_t out_h = dy.dim(1), out_w = dy.dim(2);
+  // Each direction as forward_gpu does it: the layer's type first, then, for an f16 layer
+  // cuDNN has no f16 algorithm for, its f32 fallback (on f32 copies of x and dz).
+  const auto fall_back = [&](const char* direction) {
+    prepare_f32(st, p, label(), direction, in_channels_, filters_, k_, out_h, out_w);
+    to_f32(x_, p.x32, stream);
+    to_f32(st.dz, p.dz32, stream);
+  };
   if (need_filter) {
-    std::vector<cudnnConvolutionBwdFilterAlgoPerf_t> perf(CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT);
-    int count = 0;
-    if (p.timed) {
-      // The candidates write their result: into a scratch gradient, never into
-      // weight_.grad, which holds what this step has accumulated so far.
-      Tensor scratch = Tensor::empty(weight_.value.shape(), dtype, Device::kGpu);
-      const auto [ws, ws_bytes] = search_workspace(ctx);
-      MF_GPU_CHECK(cudnnFindConvolutionBackwardFilterAlgorithmEx(
-          handle, p.x.get(), x_.raw(), p.y.get(), st.dz.raw(), p.bwd_filter_conv.get(), st.w.get(), scratch.raw(),
-          static_cast<int>(perf.size()), &count, perf.data(), ws, ws_bytes));
-      // Find has synchronised: the scratch can go back to the allocator.
-    } else {
-      MF_GPU_CHECK(cudnnGetConvolutionBackwardFilterAlgorithm_v7(handle, p.x.get(), p.y.get(),
-                                                                 p.bwd_filter_conv.get(), st.w.get(),
-                                                                 static_cast<int>(perf.size()), &count, perf.data()));
-    }
-    const auto size = [&](cudnnConvolutionBwdFilterAlgo_t algo, std::size_t* bytes) {
-      return cudnnGetConvolutionBackwardFilterWorkspaceSize(handle, p.x.get(), p.y.get(), p.bwd_filter_conv.get(),
-                                                            st.w.get(), algo, bytes);
+    const auto pick = [&](bool f32) {
+      const bool fma_only = (f32 || !half) && conv_options().fma_math_only;
+      cudnnTensorDescriptor_t xd = f32 ? p.x32d.get() : p.x.get(), dyd = f32 ? p.y32d.get() : p.y.get();
+      cudnnFilterDescriptor_t wd = f32 ? st.w32.get() : st.w.get();
+      std::vector<cudnnConvolutionBwdFilterAlgoPerf_t> perf(CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT);
+      int count = 0;
+      if (p.timed) {
+        // The candidates write their result: into a scratch gradient, never into
+        // weight_.grad, which holds what this step has accumulated so far.
+        Tensor scratch = Tensor::empty(weight_.value.shape(), f32 ? DType::kF32 : dtype, Device::kGpu);
+        const auto [ws, ws_bytes] = search_workspace(ctx);
+        MF_GPU_CHECK(cudnnFindConvolutionBackwardFilterAlgorithmEx(
+            handle, xd, f32 ? p.x32.raw() : x_.raw(), dyd, f32 ? p.dz32.raw() : st.dz.raw(), p.bwd_filter_conv.get(),
+            wd, scratch.raw(), static_cast<int>(perf.size()), &count, perf.data(), ws, ws_bytes));
+        // Find has synchronised: the scratch can go back to the allocator.
+      } else {
+        MF_GPU_CHECK(cudnnGetConvolutionBackwardFilterAlgorithm_v7(handle, xd, dyd, p.bwd_filter_conv.get(), wd,
+                                                                   static_cast<int>(perf.size()), &count,
+                                                                   perf.data()));
+      }
+      const auto size = [&](cudnnConvolutionBwdFilterAlgo_t algo, std::size_t* bytes) {
+        return cudnnGetConvolutionBackwardFilterWorkspaceSize(handle, xd, dyd, p.bwd_filter_conv.get(), wd, algo,
+                                                              bytes);
+      };
+      return choose(perf, count, fma_only, p.bwd_filter_conv.get(), size, p.bwd_filter, ctx);
     };
-    if (!choose(perf, count, fma_only, p.bwd_filter_conv.get(), size, p.bwd_filter, ctx))
-      no_algorithm("backward-filter", shape_text(n, h, w, in_channels_, dtype));
+    if (!pick(false)) {
+      if (!half) no_algorithm("backward-filter", shape_text(n, h, w, in_channels_, dtype));
+      fall_back("backward-filter");
+      p.bwd_filter = {};
+      MF_GPU_CHECK(cudnnSetConvolutionMathType(p.bwd_filter_conv.get(), requested_math(DType::kF32)));
+      if (!pick(true))
+        no_algorithm("backward-filter", shape_text(n, h, w, in_channels_, dtype) + " (in f16 or f32)");
+      p.bwd_filter.f32 = true;
+    }
   }
   if (need_data) {
-    std::vector<cudnnConvolutionBwdDataAlgoPerf_t> perf(CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT);
-    int count = 0;
-    if (p.timed) {
-      // dx is written by the candidates, then overwritten by the real call below.
-      const auto [ws, ws_bytes] = search_workspace(ctx);
-      MF_GPU_CHECK(cudnnFindConvolutionBackwardDataAlgorithmEx(
-          handle, st.w.get(), weight, p.y.get(), st.dz.raw(), p.bwd_data_conv.get(), p.x.get(), dx.raw(),
-          static_cast<int>(perf.size()), &count, perf.data(), ws, ws_bytes));
-    } else {
-      MF_GPU_CHECK(cudnnGetConvolutionBackwardDataAlgorithm_v7(handle, st.w.get(), p.y.get(), p.bwd_data_conv.get(),
-                                                               p.x.get(), static_cast<int>(perf.size()), &count,
-                                                               perf.data()));
-    }
-    const auto size = [&](cudnnConvolutionBwdDataAlgo_t algo, std::size_t* bytes) {
-      return cudnnGetConvolutionBackwardDataWorkspaceSize(handle, st.w.get(), p.y.get(), p.bwd_data_conv.get(),
-                                                          p.x.get(), algo, bytes);
+    const auto pick = [&](bool f32) {
+      const bool fma_only = (f32 || !half) && conv_options().fma_math_only;
+      cudnnTensorDescriptor_t dxd = f32 ? p.x32d.get() : p.x.get(), dyd = f32 ? p.y32d.get() : p.y.get();
+      cudnnFilterDescriptor_t wd = f32 ? st.w32.get() : st.w.get();
+      std::vector<cudnnConvolutionBwdDataAlgoPerf_t> perf(CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT);
+      int count = 0;
+      if (p.timed) {
+        // dx (or its f32 copy) is written by the candidates, then overwritten below.
+        if (f32) ensure(p.dx32, p.x32.shape(), DType::kF32, Device::kGpu);
+        const auto [ws, ws_bytes] = search_workspace(ctx);
+        MF_GPU_CHECK(cudnnFindConvolutionBackwardDataAlgorithmEx(
+            handle, wd, f32 ? weight_.value.raw() : weight, dyd, f32 ? p.dz32.raw() : st.dz.raw(),
+            p.bwd_data_conv.get(), dxd, f32 ? p.dx32.raw() : dx.raw(), static_cast<int>(perf.size()), &count,
+            perf.data(), ws, ws_bytes));
+      } else {
+        MF_GPU_CHECK(cudnnGetConvolutionBackwardDataAlgorithm_v7(handle, wd, dyd, p.bwd_data_conv.get(), dxd,
+                                                                 static_cast<int>(perf.size()), &count, perf.data()));
+      }
+      const auto size = [&](cudnnConvolutionBwdDataAlgo_t algo, std::size_t* bytes) {
+        return cudnnGetConvolutionBackwardDataWorkspaceSize(handle, wd, dyd, p.bwd_data_conv.get(), dxd, algo, bytes);
+      };
+      return choose(perf, count, fma_only, p.bwd_data_conv.get(), size, p.bwd_data, ctx);
     };
-    if (!choose(perf, count, fma_only, p.bwd_data_conv.get(), size, p.bwd_data, ctx))
-      no_algorithm("backward-data", shape_text(n, h, w, in_channels_, dtype));
+    if (!pick(false)) {
+      if (!half) no_algorithm("backward-data", shape_text(n, h, w, in_channels_, dtype));
+      fall_back("backward-data");
+      p.bwd_data = {};
+      MF_GPU_CHECK(cudnnSetConvolutionMathType(p.bwd_data_conv.get(), requested_math(DType::kF32)));
+      if (!pick(true)) no_algorithm("backward-data", shape_text(n, h, w, in_channels_, dtype) + " (in f16 or f32)");
+      p.bwd_data.f32 = true;
+    }
   }
   st.last_backward = &p;
 
   const float one = 1.0f, zero = 0.0f;
+  const bool data_f32 = dx.defined() && p.bwd_data.f32;
+  if (p.bwd_filter.f32 || data_f32) to_f32(st.dz, p.dz32, stream);
   // dW += conv_filter(x, dz): beta = 1 accumulates into the gradient (the optimizer zeroes it).
+  // In f32 the result goes to a buffer of its own first (beta = 0), then is added in.
   void* ws = p.bwd_filter.workspace ? ctx.workspace(p.bwd_filter.workspace) : nullptr;
-  MF_GPU_CHECK(cudnnConvolutionBackwardFilter(handle, &one, p.x.get(), x_.raw(), p.y.get(), st.dz.raw(),
-                                              p.bwd_filter_conv.get(), p.bwd_filter.algo, ws, p.bwd_filter.workspace,
-                                              &one, st.w.get(), weight_.grad.raw()));
+  if (p.bwd_filter.f32) {
+    to_f32(x_, p.x32, stream);
+    MF_GPU_CHECK(cudnnConvolutionBackwardFilter(handle, &one, p.x32d.get(), p.x32.raw(), p.y32d.get(), p.dz32.raw(),
+                                                p.bwd_filter_conv.get(), p.bwd_filter.algo, ws,
+                                                p.bwd_filter.workspace, &zero, st.w32.get(), st.dw32.raw()));
+    launch_add_f32_to_f16(st.dw32.data<float>(), weight_.grad.data<Half>(), st.dw32.numel(), stream);
+  } else {
+    MF_GPU_CHECK(cudnnConvolutionBackwardFilter(handle, &one, p.x.get(), x_.raw(), p.y.get(), st.dz.raw(),
+                                                p.bwd_filter_conv.get(), p.bwd_filter.algo, ws,
+                                                p.bwd_filter.workspace, &one, st.w.get(), weight_.grad.raw()));
+  }
   if (!dx.defined()) return;  // the first layer: nothing upstream needs dx
   // dx = conv_data(W, dz): beta = 0 overwrites.
   ws = p.bwd_data.workspace ? ctx.workspace(p.bwd_data.workspace) : nullptr;
-  MF_GPU_CHECK(cudnnConvolutionBackwardData(handle, &one, st.w.get(), weight, p.y.get(), st.dz.raw(),
-                                            p.bwd_data_conv.get(), p.bwd_data.algo, ws, p.bwd_data.workspace, &zero,
-                                            p.x.get(), dx.raw()));
+  if (data_f32) {
+    ensure(p.dx32, p.x32.shape(), DType::kF32, Device::kGpu);
+    MF_GPU_CHECK(cudnnConvolutionBackwardData(handle, &one, st.w32.get(), weight_.value.raw(), p.y32d.get(),
+                                              p.dz32.raw(), p.bwd_data_conv.get(), p.bwd_data.algo, ws,
+                                              p.bwd_data.workspace, &zero, p.x32d.get(), p.dx32.raw()));
+    launch_cast_f32_to_f16(p.dx32.data<float>(), dx.data<Half>(), dx.numel(), stream);
+  } else {
+    MF_GPU_CHECK(cudnnConvolutionBackwardData(handle, &one, st.w.get(), weight, p.y.get(), st.dz.raw(),
+                                              p.bwd_data_conv.get(), p.bwd_data.algo, ws, p.bwd_data.workspace,
+                                              &zero, p.x.get(), dx.raw()));
+  }
 }
 
 }  // namespace mf

@@ -21,7 +21,7 @@
 // What it does not: the graph (backend) API, grouped or N-D convolutions, strided
 // (non-packed) tensors, data types other than FLOAT and HALF, half-precision accumulation
 // (CUDNN_DATA_HALF compute type) and TF32, the alignment and channel-count rules of
-// particular kernels, real timings.
+// particular kernels (except, on request, the f16 channel rule: refused_half), real timings.
 #include <cuda_runtime_api.h>
 #include <cudnn.h>
 
@@ -31,6 +31,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <vector>
@@ -257,6 +258,20 @@ cudnnMathType_t reported_math(const Conv& v, int rank) {
   return rank == 0 ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH;
 }
 
+// MF_EMULATED_CUDNN_F16_CHANNELS=8 makes every algorithm refuse (NOT_SUPPORTED) an f16
+// convolution whose input or output channel count is not a multiple of 8: the worst case
+// the cuDNN documentation leaves open. Its Developer Guide (Legacy API > Convolution
+// Functions > Data and Filter Formats) runs f16 convolutions on Tensor Cores only when the
+// channel counts are multiples of 8, and pads only NCHW data, not NHWC; whether a non-Tensor
+// Core algorithm is offered instead for C = 1 (the first layer) is not stated. Unset (the
+// default): every listed algorithm runs any channel count, as they do in FP32.
+bool refused_half(const Conv& v) {
+  if (!v.half) return false;
+  const char* e = std::getenv("MF_EMULATED_CUDNN_F16_CHANNELS");
+  const long m = e ? std::strtol(e, nullptr, 10) : 0;
+  return m > 1 && (v.c % m != 0 || v.k % m != 0);
+}
+
 // Fills the first min(requested, algorithms) entries of `perf`, as cuDNN orders them: the
 // algorithms that ran (fastest first), then those whose workspace exceeded `limit`, then
 // those not supported. `limit` is the Find calls' workspace; the heuristics have none.
@@ -271,7 +286,7 @@ cudnnStatus_t fill_perf(Dir dir, const Conv& v, int requested, int* returned, Pe
       const std::size_t bytes = workspace_bytes(a.ws, v);
       // CUDNN_STATUS_ALLOC_FAILED: the workspace it needs was not given (in cuDNN 9 the same
       // value as CUDNN_STATUS_INTERNAL_ERROR_HOST_ALLOCATION_FAILED).
-      const cudnnStatus_t status = !a.supported ? CUDNN_STATUS_NOT_SUPPORTED
+      const cudnnStatus_t status = !a.supported || refused_half(v) ? CUDNN_STATUS_NOT_SUPPORTED
                                    : bytes > limit ? CUDNN_STATUS_ALLOC_FAILED
                                                    : CUDNN_STATUS_SUCCESS;
       const int order = status == CUDNN_STATUS_SUCCESS ? 0 : status == CUDNN_STATUS_ALLOC_FAILED ? 1 : 2;
@@ -295,7 +310,7 @@ cudnnStatus_t fill_perf(Dir dir, const Conv& v, int requested, int* returned, Pe
 cudnnStatus_t workspace_size(Dir dir, const Conv& v, int algo, std::size_t* bytes) {
   if (!bytes) return CUDNN_STATUS_BAD_PARAM;
   const Algo* a = find_algo(dir, algo);
-  if (!a) return CUDNN_STATUS_NOT_SUPPORTED;
+  if (!a || refused_half(v)) return CUDNN_STATUS_NOT_SUPPORTED;
   *bytes = workspace_bytes(a->ws, v);
   return CUDNN_STATUS_SUCCESS;
 }
@@ -499,7 +514,7 @@ cudnnStatus_t check_compute(Dir dir, const Conv& v, int algo, const void* alpha,
                             std::size_t* need) {
   if (!alpha || !beta || !in0 || !in1 || !out) return CUDNN_STATUS_BAD_PARAM;
   const Algo* a = find_algo(dir, algo);
-  if (!a) return CUDNN_STATUS_NOT_SUPPORTED;
+  if (!a || refused_half(v)) return CUDNN_STATUS_NOT_SUPPORTED;
   *need = workspace_bytes(a->ws, v);
   if (workspace_bytes_given < *need) return CUDNN_STATUS_BAD_PARAM;
   if (*need > 0 && !workspace) return CUDNN_STATUS_BAD_PARAM;

@@ -7,7 +7,9 @@
 #include <cudnn.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <memory>
 #include <string>
 #include <vector>
@@ -91,6 +93,70 @@ TEST(EmulatedFaults, OnlyDeterministicAlgorithmsGiveTheSameBitsAtEveryRun) {
   EXPECT_NE(info_a.find(", deterministic"), std::string::npos) << info_a;
   EXPECT_EQ(info_a.find("bwd-filter ALGO_3"), std::string::npos) << info_a;
   EXPECT_EQ(det_a, det_b);
+}
+
+// cuDNN may offer no f16 algorithm for a convolution: its documentation promises Tensor
+// Cores for f16 only with channel counts that are multiples of 8, and the first layer has
+// one input channel. MF_EMULATED_CUDNN_F16_CHANNELS=8 makes the emulated cuDNN refuse
+// those (fake_cudnn.cpp, refused_half): conv2d (1 -> 32 channels) must then run its
+// convolutions in f32 with one line saying so, conv2d_1 (32 -> 64) stays f16, and FP16
+// training goes on, its graphs included, to the losses it reaches when nothing is refused.
+TEST(EmulatedFaults, Fp16ConvolutionsWithoutAnF16AlgorithmRunInF32) {
+  const mf::data::Dataset train = noise_images(136, 4);  // two steps of 64, one of 8
+  const auto run = [&](bool refuse, std::string* info, std::string* err) {
+    if (refuse) ::setenv("MF_EMULATED_CUDNN_F16_CHANNELS", "8", 1);
+    mf::Rng rng(5);
+    Sequential m = Sequential::mnist_cnn(rng);
+    m.to(mf::Device::kGpu);
+    m.set_compute_dtype(mf::DType::kF16);
+    m.compile(std::make_unique<mf::Adam>());
+    mf::FitOptions o;
+    o.epochs = 2;
+    o.use_graph = true;
+    ::testing::internal::CaptureStderr();
+    mf::History h;
+    try {
+      h = m.fit(train, nullptr, o);
+    } catch (...) {
+      *err = ::testing::internal::GetCapturedStderr();
+      ::unsetenv("MF_EMULATED_CUDNN_F16_CHANNELS");
+      throw;
+    }
+    *err = ::testing::internal::GetCapturedStderr();
+    ::unsetenv("MF_EMULATED_CUDNN_F16_CHANNELS");
+    *info = m.gpu_training_info();
+    for (const auto& layer : m.layers()) *info += "\n" + layer->gpu_config();
+    return h;
+  };
+  std::string info, err, plain_info, plain_err;
+  mf::History refused, plain;
+  ASSERT_NO_THROW(refused = run(true, &info, &err)) << err;
+  ASSERT_NO_THROW(plain = run(false, &plain_info, &plain_err)) << plain_err;
+  const std::string note = "microflow: note: cuDNN offers no f16 forward algorithm for Conv2D 'conv2d', input f16 (64, 28, 28, 1)";
+  EXPECT_NE(err.find(note), std::string::npos) << err;
+  EXPECT_EQ(err.find("microflow: note:"), err.rfind("microflow: note:")) << "one line, not one per call:\n" << err;
+  EXPECT_EQ(plain_err.find("microflow: note:"), std::string::npos) << plain_err;
+  // conv2d: forward and filter gradient in f32 (it computes no input gradient); conv2d_1 f16.
+  const std::size_t first = info.find("cuDNN NHWC f16: fwd "), second = info.find("cuDNN NHWC f16: fwd ", first + 1);
+  ASSERT_NE(second, std::string::npos) << info;
+  const std::string conv1 = info.substr(first, info.find('\n', first) - first);
+  const std::string conv2 = info.substr(second, info.find('\n', second) - second);
+  EXPECT_NE(conv1.find(") [f32: no f16 algorithm], bwd-filter "), std::string::npos) << conv1;
+  EXPECT_EQ(conv1.find("bwd-data"), std::string::npos) << conv1;
+  EXPECT_NE(conv1.find("[f32: no f16 algorithm]", conv1.find("bwd-filter ")), std::string::npos) << conv1;
+  EXPECT_EQ(conv2.find("f32: no f16"), std::string::npos) << conv2;
+  EXPECT_EQ(plain_info.find("f32: no f16"), std::string::npos) << plain_info;
+  EXPECT_NE(info.find(" replays"), std::string::npos) << info;
+  EXPECT_EQ(info.find(" 0 replays"), std::string::npos) << "the steps ran as graphs:\n" << info;
+  ASSERT_EQ(refused.epochs.size(), 2u);
+  for (std::size_t e = 0; e < 2; ++e) {
+    SCOPED_TRACE("epoch " + std::to_string(e + 1));
+    // The first layer's convolutions in f32 instead of f16: the same training, rounded
+    // differently (f16 keeps 11 bits); 1 % is far above that, far below a broken gradient.
+    EXPECT_TRUE(std::isfinite(refused.epochs[e].loss));
+    EXPECT_NEAR(refused.epochs[e].loss, plain.epochs[e].loss, 1e-2 * plain.epochs[e].loss);
+    EXPECT_EQ(refused.epochs[e].skipped_steps, plain.epochs[e].skipped_steps);
+  }
 }
 
 // A GEMM operand that runs past its allocation (a leading dimension or a size too large,
