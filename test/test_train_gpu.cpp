@@ -136,9 +136,10 @@ std::string mnist_dir() {
 TEST(TrainGpu, GraphReplayEqualsEagerSteps) {
   MF_SKIP_WITHOUT_GPU();
   ConvOptionsGuard options(/*find=*/false, /*fma_only=*/true);
-  // 401 = 6 batches of 64 and a last one of 17; a validation set of 100 (one batch larger
-  // than 64: the first validation pass grows the layers' output buffers).
-  const mf::data::Dataset train = synthetic(401, 1), val = synthetic(100, 2);
+  // 209 = 3 batches of 64 and a last one of 17 (the fewest that warm up, capture and replay
+  // the batch of 64 in every epoch); a validation set of 100 (one batch larger than 64: the
+  // first validation pass grows the layers' output buffers).
+  const mf::data::Dataset train = synthetic(209, 1), val = synthetic(100, 2);
   FitOptions o;
   o.epochs = 4;
   o.batch_size = 64;
@@ -164,12 +165,12 @@ TEST(TrainGpu, GraphReplayEqualsEagerSteps) {
   ASSERT_EQ(hg.epochs.size(), 4u);
   ASSERT_EQ(he.epochs.size(), 4u);
   for (std::size_t e = 0; e < 4; ++e) {
-    EXPECT_EQ(hg.epochs[e].steps, 7);
-    EXPECT_EQ(hg.epochs[e].samples, 401);
+    EXPECT_EQ(hg.epochs[e].steps, 4);
+    EXPECT_EQ(hg.epochs[e].samples, 209);
     EXPECT_NEAR(hg.epochs[e].loss, he.epochs[e].loss, 1e-5 * std::max(1.0, he.epochs[e].loss));
     EXPECT_NEAR(hg.epochs[e].val_loss, he.epochs[e].val_loss, 1e-5 * std::max(1.0, he.epochs[e].val_loss));
   }
-  // Epoch 1: batch 64 eager, captured, replayed 4 times; 17 eager; validation moves the
+  // Epoch 1: batch 64 eager, captured, replayed once; 17 eager; validation moves the
   // layers' outputs: graphs dropped. Epoch 2: the same, and now validation reuses the
   // buffers. Epoch 3: the new learning rate drops the graphs: as epoch 2. Epoch 4: 64
   // replayed, 17 captured at its second eager-warmed occurrence.
@@ -795,17 +796,17 @@ TEST(TrainGpu, LossScalerSkipsOverflowingStepsFp16) {
   // A loss scale of 2^24: d loss / d logits of the label's class is (p - 1) / 64 * 2^24, about
   // -2.4e5 at the start (p ~ 0.1), beyond f16's 65504, so the first steps overflow and are
   // skipped, halving the scale each time. Skips stop by the time the scale is back near the
-  // default 2^16 (at most ~8 halvings), well inside the 32 steps.
+  // default 2^16 (at most ~8 halvings), inside the 16 steps.
   mf::LossScalerConfig scaler;
   scaler.initial_scale = 16777216.0f;
   Sequential m = gpu_model(41, DType::kF16, scaler);
-  const mf::data::Dataset train = synthetic(2048, 9);
+  const mf::data::Dataset train = synthetic(1024, 9);
   FitOptions o;
   o.epochs = 1;
   const History h = m.fit(train, nullptr, o);
   ASSERT_EQ(h.epochs.size(), 1u);
   const mf::EpochLog& e = h.epochs[0];
-  EXPECT_EQ(e.steps, 32);
+  EXPECT_EQ(e.steps, 16);
   EXPECT_GE(e.skipped_steps, 2);  // 2^24 and 2^23 overflow d logits themselves
   EXPECT_LT(e.skipped_steps, e.steps);
   EXPECT_LE(e.loss_scale, 4194304.0);  // at most 2^22 after two halvings (no growth: interval 2000)
