@@ -340,13 +340,13 @@ mkdir -p "$out/bench"
 bench() {  # SUITE FILTER CAP
   local suite="$1" filter="$2" cap="$3" rc
   [ -x "$kit/$suite" ] || { fail "$suite: FAILED (not in the kit)"; return; }
-  MF_BENCH_EPOCH_IMAGES=48000 check "bench_$suite" "$cap" "$kit/$suite" --benchmark_filter="$filter" \
+  MF_BENCH_EPOCH_IMAGES=48000 check "$suite" "$cap" "$kit/$suite" --benchmark_filter="$filter" \
     --benchmark_min_time=0.1 --benchmark_out="$out/bench/$suite.json" --benchmark_out_format=json
   rc=$?
   ((rc == 124 || rc == 125)) && return
-  if ((rc != 0)); then fail "bench_$suite: FAILED (exit $rc)"
-  elif grep -q 'ERROR OCCURRED' "$out/bench_$suite.log"; then fail "bench_$suite: FAILED (a benchmark reported ERROR OCCURRED)"
-  else note "bench_$suite: ok"; fi
+  if ((rc != 0)); then fail "$suite: FAILED (exit $rc)"
+  elif grep -q 'ERROR OCCURRED' "$out/$suite.log"; then fail "$suite: FAILED (a benchmark reported ERROR OCCURRED)"
+  else note "$suite: ok"; fi
 }
 # Claim 1 (a large GEMM), 8 (cuDNN autotuning), 4 and 9 (batch size, a busy GPU), 7 (memory).
 bench bench_gemm '^gemm/dev:gpu_(fp32|tf32|fp16)/m:(1024|4096)/' 40
