@@ -77,10 +77,24 @@ for s in $suites; do
   fi
   echo "==> $s: $(( $(date +%s) - t0 )) s"
 done
-echo "python3 scripts/bench_report.py $out ${MF_BENCH_MERGE:-}" >>"$commands"
+# The report draws its charts with matplotlib (Debian's python3-matplotlib): installed here
+# when missing; without it (no network, no root) the report has its tables and no charts.
+# Debian's python (a python3 earlier on PATH, say pyenv's, does not see Debian's packages).
+py=/usr/bin/python3
+[ -x "$py" ] || py=python3
+if ! "$py" -c 'import matplotlib' 2>/dev/null; then
+  sudo_cmd=()
+  [ "$(id -u)" = 0 ] || sudo_cmd=(sudo -n)
+  echo "==> installing python3-matplotlib for the report's charts"
+  { "${sudo_cmd[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends python3-matplotlib ||
+    { "${sudo_cmd[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update -qq &&
+      "${sudo_cmd[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends python3-matplotlib; }; } ||
+    echo "bench.sh: note: could not install python3-matplotlib: the report gets its tables, not its charts" >&2
+fi
+echo "$py scripts/bench_report.py $out ${MF_BENCH_MERGE:-}" >>"$commands"
 echo "# total benchmark time: $(( $(date +%s) - start )) s" >>"$commands"
 # shellcheck disable=SC2086  # MF_BENCH_MERGE: a space-separated list of folders
-python3 "$root/scripts/bench_report.py" "$out" ${MF_BENCH_MERGE:-}
+"$py" "$root/scripts/bench_report.py" "$out" ${MF_BENCH_MERGE:-}
 if [ ${#failed[@]} -gt 0 ]; then
   echo "bench.sh: these suites exited with an error: ${failed[*]} (see $out/<suite>.log)" >&2
   exit 1

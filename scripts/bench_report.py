@@ -8,18 +8,15 @@ With more folders (e.g. the GPU half measured on one machine, the CPU half on an
 benchmark is taken from the first folder that has it measured; the report lists each
 folder's machine and goes into OUT_DIR.
 
-Standard library only (the machines that run it may have no matplotlib): the charts are
-rasterised here and written with zlib. Text uses the segment font of stb_easy_font.h
-(Sean Barrett, public domain / MIT), whose tables are copied below.
+The charts are drawn with matplotlib (Debian's python3-matplotlib, which scripts/bench.sh
+installs); where it is missing (the GPU machine has no network to install it) the tables
+are still written and one line says that the charts are not.
 """
 import datetime
 import glob
 import json
-import math
 import os
-import struct
 import sys
-import zlib
 
 NO_GPU = "not measured (no GPU)"
 
@@ -172,300 +169,123 @@ def table(header, rows):
 
 
 # ----------------------------------------------------------------------------------------
-# A small raster canvas and PNG writer
+# Charts (matplotlib)
 # ----------------------------------------------------------------------------------------
 
-# stb_easy_font.h tables (advance | 16: descender, h_seg, v_seg start per character 32..127).
-_CHARINFO = [
-    (6, 0, 0), (3, 0, 0), (5, 1, 1), (7, 1, 4), (7, 3, 7), (7, 6, 12), (7, 8, 19), (4, 16, 21),
-    (4, 17, 22), (4, 19, 23), (23, 21, 24), (23, 22, 31), (20, 23, 34), (22, 23, 36), (19, 24, 36), (21, 25, 36),
-    (6, 25, 39), (6, 27, 43), (6, 28, 45), (6, 30, 49), (6, 33, 53), (6, 34, 57), (6, 40, 58), (6, 46, 59),
-    (6, 47, 62), (6, 55, 64), (19, 57, 68), (20, 59, 68), (21, 61, 69), (22, 66, 69), (21, 68, 69), (7, 73, 69),
-    (9, 75, 74), (6, 78, 81), (6, 80, 85), (6, 83, 90), (6, 85, 91), (6, 87, 95), (6, 90, 96), (7, 92, 97),
-    (6, 96, 102), (5, 97, 106), (6, 99, 107), (6, 100, 110), (6, 100, 115), (7, 101, 116), (6, 101, 121), (6, 101, 125),
-    (6, 102, 129), (7, 103, 133), (6, 104, 140), (6, 105, 145), (7, 107, 149), (6, 108, 151), (7, 109, 155), (7, 109, 160),
-    (7, 109, 165), (7, 118, 167), (6, 118, 172), (4, 120, 176), (6, 122, 177), (4, 122, 181), (23, 124, 182), (22, 129, 182),
-    (4, 130, 182), (22, 131, 183), (6, 133, 187), (22, 135, 191), (6, 137, 192), (22, 139, 196), (6, 144, 197), (22, 147, 198),
-    (6, 150, 202), (19, 151, 206), (21, 152, 207), (6, 155, 209), (3, 160, 210), (23, 160, 211), (22, 164, 216), (22, 165, 220),
-    (22, 167, 224), (22, 169, 228), (21, 171, 232), (21, 173, 233), (5, 178, 233), (22, 179, 234), (23, 180, 238), (23, 180, 243),
-    (23, 180, 248), (22, 189, 248), (22, 191, 252), (5, 196, 252), (3, 203, 252), (5, 203, 253), (22, 210, 253), (0, 214, 253),
-]
-_HSEG = bytes([
-    97, 37, 69, 84, 28, 51, 2, 18, 10, 49, 98, 41, 65, 25, 81, 105, 33, 9, 97, 1, 97, 37, 37, 36,
-    81, 10, 98, 107, 3, 100, 3, 99, 58, 51, 4, 99, 58, 8, 73, 81, 10, 50, 98, 8, 73, 81, 4, 10, 50,
-    98, 8, 25, 33, 65, 81, 10, 50, 17, 65, 97, 25, 33, 25, 49, 9, 65, 20, 68, 1, 65, 25, 49, 41,
-    11, 105, 13, 101, 76, 10, 50, 10, 50, 98, 11, 99, 10, 98, 11, 50, 99, 11, 50, 11, 99, 8, 57,
-    58, 3, 99, 99, 107, 10, 10, 11, 10, 99, 11, 5, 100, 41, 65, 57, 41, 65, 9, 17, 81, 97, 3, 107,
-    9, 97, 1, 97, 33, 25, 9, 25, 41, 100, 41, 26, 82, 42, 98, 27, 83, 42, 98, 26, 51, 82, 8, 41,
-    35, 8, 10, 26, 82, 114, 42, 1, 114, 8, 9, 73, 57, 81, 41, 97, 18, 8, 8, 25, 26, 26, 82, 26, 82,
-    26, 82, 41, 25, 33, 82, 26, 49, 73, 35, 90, 17, 81, 41, 65, 57, 41, 65, 25, 81, 90, 114, 20,
-    84, 73, 57, 41, 49, 25, 33, 65, 81, 9, 97, 1, 97, 25, 33, 65, 81, 57, 33, 25, 41, 25,
-])
-_VSEG = bytes([
-    4, 2, 8, 10, 15, 8, 15, 33, 8, 15, 8, 73, 82, 73, 57, 41, 82, 10, 82, 18, 66, 10, 21, 29, 1, 65,
-    27, 8, 27, 9, 65, 8, 10, 50, 97, 74, 66, 42, 10, 21, 57, 41, 29, 25, 14, 81, 73, 57, 26, 8, 8,
-    26, 66, 3, 8, 8, 15, 19, 21, 90, 58, 26, 18, 66, 18, 105, 89, 28, 74, 17, 8, 73, 57, 26, 21,
-    8, 42, 41, 42, 8, 28, 22, 8, 8, 30, 7, 8, 8, 26, 66, 21, 7, 8, 8, 29, 7, 7, 21, 8, 8, 8, 59, 7, 8,
-    8, 15, 29, 8, 8, 14, 7, 57, 43, 10, 82, 7, 7, 25, 42, 25, 15, 7, 25, 41, 15, 21, 105, 105, 29,
-    7, 57, 57, 26, 21, 105, 73, 97, 89, 28, 97, 7, 57, 58, 26, 82, 18, 57, 57, 74, 8, 30, 6, 8, 8,
-    14, 3, 58, 90, 58, 11, 7, 74, 43, 74, 15, 2, 82, 2, 42, 75, 42, 10, 67, 57, 41, 10, 7, 2, 42,
-    74, 106, 15, 2, 35, 8, 8, 29, 7, 8, 8, 59, 35, 51, 8, 8, 15, 35, 30, 35, 8, 8, 30, 7, 8, 8, 60,
-    36, 8, 45, 7, 7, 36, 8, 43, 8, 44, 21, 8, 8, 44, 35, 8, 8, 43, 23, 8, 8, 43, 35, 8, 8, 31, 21, 15,
-    20, 8, 8, 28, 18, 58, 89, 58, 26, 21, 89, 73, 89, 29, 20, 8, 8, 30, 7,
-])
-
-BLACK, GREY, LIGHT, WHITE = (20, 20, 20), (110, 110, 110), (225, 225, 225), (255, 255, 255)
+BLACK, GREY, LIGHT = (20, 20, 20), (110, 110, 110), (225, 225, 225)
 PALETTE = [(31, 119, 180), (255, 127, 14), (44, 160, 44), (214, 39, 40), (148, 103, 189), (140, 86, 75),
            (227, 119, 194), (127, 127, 127)]
+W, H, DPI = 1000, 560, 100  # pixels of each PNG
 
 
-class Canvas:
-    def __init__(self, width, height, bg=WHITE):
-        self.w, self.h = width, height
-        self.px = bytearray(bytes(bg) * (width * height))
-
-    def blend(self, x, y, c, a=1.0):
-        if 0 <= x < self.w and 0 <= y < self.h and a > 0:
-            i = 3 * (y * self.w + x)
-            if a >= 1:
-                self.px[i:i + 3] = bytes(c)
-            else:
-                for k in range(3):
-                    self.px[i + k] = int(self.px[i + k] * (1 - a) + c[k] * a + 0.5)
-
-    def fill_rect(self, x0, y0, x1, y1, c):
-        x0, x1 = max(0, int(x0)), min(self.w, int(x1))
-        y0, y1 = max(0, int(y0)), min(self.h, int(y1))
-        if x1 <= x0:
-            return
-        row = bytes(c) * (x1 - x0)
-        for y in range(y0, y1):
-            i = 3 * (y * self.w + x0)
-            self.px[i:i + len(row)] = row
-
-    def rect_outline(self, x0, y0, x1, y1, c):
-        self.fill_rect(x0, y0, x1, y0 + 1, c)
-        self.fill_rect(x0, y1 - 1, x1, y1, c)
-        self.fill_rect(x0, y0, x0 + 1, y1, c)
-        self.fill_rect(x1 - 1, y0, x1, y1, c)
-
-    def line(self, x0, y0, x1, y1, c, width=2.0, dash=None):
-        """Antialiased segment: each pixel's coverage is how far its centre lies inside the
-        stroke (distance to the segment vs width / 2, with a one-pixel ramp)."""
-        cover = {}
-        r = width / 2 + 0.5
-        length = math.hypot(x1 - x0, y1 - y0)
-        dx, dy = ((x1 - x0) / length, (y1 - y0) / length) if length > 0 else (0.0, 0.0)
-        for px in range(int(math.floor(min(x0, x1) - r)), int(math.ceil(max(x0, x1) + r)) + 1):
-            for py in range(int(math.floor(min(y0, y1) - r)), int(math.ceil(max(y0, y1) + r)) + 1):
-                cx, cy = px + 0.5, py + 0.5
-                t = ((cx - x0) * dx + (cy - y0) * dy) if length > 0 else 0.0
-                t = min(max(t, 0.0), length)
-                if dash and (t % (2 * dash)) > dash:
-                    continue
-                d = math.hypot(cx - (x0 + t * dx), cy - (y0 + t * dy))
-                a = min(1.0, max(0.0, width / 2 + 0.5 - d))
-                if a > 0:
-                    cover[(px, py)] = max(a, cover.get((px, py), 0.0))
-        for (px, py), a in cover.items():
-            self.blend(px, py, c, a)
-
-    def polyline(self, pts, c, width=2.0, dash=None):
-        for (a, b) in zip(pts, pts[1:]):
-            # Long segments only: a bounding-box scan per segment is fine at chart sizes.
-            self.line(a[0], a[1], b[0], b[1], c, width, dash)
-
-    def dot(self, x, y, radius, c):
-        for px in range(int(x - radius - 1), int(x + radius + 2)):
-            for py in range(int(y - radius - 1), int(y + radius + 2)):
-                d = math.hypot(px + 0.5 - x, py + 0.5 - y)
-                self.blend(px, py, c, min(1.0, max(0.0, radius + 0.5 - d)))
-
-    def text(self, x, y, s, c=BLACK, scale=2):
-        """stb_easy_font's segments, each font pixel drawn as scale x scale pixels."""
-        cx = 0
-        for ch in s:
-            code = ord(ch)
-            if code < 32 or code > 126:
-                ch, code = "?", ord("?")
-            adv, h0, v0 = _CHARINFO[code - 32]
-            _, h1, v1 = _CHARINFO[code - 32 + 1]
-            y_ch = 1 if adv & 16 else 0
-            for segs, vertical in ((_HSEG[h0:h1], False), (_VSEG[v0:v1], True)):
-                sx = cx
-                for seg in segs:
-                    n = seg & 7
-                    sx += (seg >> 3) & 1
-                    if n:
-                        sy = y_ch + (seg >> 4)
-                        w, h = (1, n) if vertical else (n, 1)
-                        self.fill_rect(x + sx * scale, y + sy * scale, x + (sx + w) * scale, y + (sy + h) * scale, c)
-            cx += adv & 15
-
-    @staticmethod
-    def text_width(s, scale=2):
-        return sum(_CHARINFO[(ord(ch) if 32 <= ord(ch) <= 126 else 63) - 32][0] & 15 for ch in s) * scale
-
-    def write_png(self, path):
-        raw = bytearray()
-        stride = 3 * self.w
-        for y in range(self.h):
-            raw.append(0)  # filter: none
-            raw += self.px[y * stride:(y + 1) * stride]
-
-        def chunk(kind, data):
-            return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
-
-        png = b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", self.w, self.h, 8, 2, 0, 0, 0))
-        png += chunk(b"IDAT", zlib.compress(bytes(raw), 9)) + chunk(b"IEND", b"")
-        tmp = path + ".tmp"
-        with open(tmp, "wb") as f:
-            f.write(png)
-        os.replace(tmp, path)
+def rgb(c):
+    return tuple(v / 255 for v in c)
 
 
-# ----------------------------------------------------------------------------------------
-# Charts
-# ----------------------------------------------------------------------------------------
-
-W, H = 1060, 640
-PLOT = (100, 70, 730, 520)  # left, top, right, bottom of the plotting area
+_plt = None  # matplotlib.pyplot, imported at the first chart; False when it is not installed
 
 
-def fmt_tick(v):
-    if v >= 1e6 or v < 1e-3:
-        return f"{v:.0e}"
-    if v >= 1000:
-        return f"{v:,.0f}"
-    if v >= 1:
-        return f"{v:g}"
-    return f"{v:.3g}"
+def pyplot():
+    global _plt
+    if _plt is None:
+        try:
+            import matplotlib
+            matplotlib.use("Agg")  # files only, no display
+            import matplotlib.pyplot as plt
+            _plt = plt
+        except ImportError:
+            _plt = False
+            print("bench_report: note: no matplotlib (Debian: python3-matplotlib; scripts/bench.sh installs it): "
+                  "the tables are written, the charts are not", file=sys.stderr)
+    return _plt
 
 
-def log_ticks(lo, hi):
-    """Ticks at 1-2-5 steps for narrow ranges, powers of ten for wide ones."""
-    e0, e1 = math.floor(math.log10(lo)), math.ceil(math.log10(hi))
-    steps = (1, 2, 5) if e1 - e0 <= 3 else (1,)
-    return [m * 10 ** e for e in range(e0, e1 + 1) for m in steps if lo <= m * 10 ** e <= hi]
-
-
-def wrap(text, width_px, scale=2):
-    lines, cur = [], ""
-    for word in text.split():
-        trial = (cur + " " + word).strip()
-        if cur and Canvas.text_width(trial, scale) > width_px:
-            lines.append(cur)
-            cur = word
-        else:
-            cur = trial
-    return lines + ([cur] if cur else [])
-
-
-def frame(title, xlabel, ylabel, note=None):
-    c = Canvas(W, H)
-    c.text(PLOT[0], 18, title, BLACK, 3)
-    c.text(PLOT[0] - 80, PLOT[1] - 28, ylabel, GREY, 2)
-    c.text((PLOT[0] + PLOT[2]) // 2 - Canvas.text_width(xlabel) // 2, PLOT[3] + 40, xlabel, GREY, 2)
+def figure(title, xlabel, ylabel, note=None):
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(W / DPI, H / DPI), dpi=DPI)
+    ax.set_title(title, loc="left", fontsize=13)
+    ax.set_xlabel(xlabel, color=rgb(GREY))
+    ax.set_ylabel(ylabel, color=rgb(GREY))
+    ax.grid(True, which="major", color=rgb(LIGHT), linewidth=0.8)
+    ax.set_axisbelow(True)
     if note:
-        for i, line in enumerate(wrap(note, W - PLOT[0] - 20)[:2]):
-            c.text(PLOT[0] - 80, PLOT[3] + 76 + 20 * i, line, GREY, 2)
-    return c
+        fig.text(0.01, 0.01, note, fontsize=8, color=rgb(GREY), wrap=True, va="bottom")
+    return fig, ax
 
 
-def legend(c, items):
-    """items: (label, color, style) with style "line", "dashed" or "dot"."""
-    x, y = PLOT[2] + 20, PLOT[1] + 4
-    for label, color, style in items:
-        if style == "dot":
-            c.dot(x + 15, y + 8, 4, color)
-        else:
-            c.line(x, y + 8, x + 30, y + 8, color, 3, dash=4 if style == "dashed" else None)
-        c.text(x + 38, y + 1, label, BLACK, 2)
-        y += 28
+def plain_log_ticks(axis):
+    """Tick labels on a log axis as plain numbers ("0.5", "3", "200"), not powers of ten."""
+    from matplotlib.ticker import FuncFormatter
+    label = FuncFormatter(lambda v, _: f"{v:g}")
+    axis.set_major_formatter(label)
+    axis.set_minor_formatter(label)
+
+
+def save(fig, path):
+    fig.tight_layout(rect=(0, 0.06, 1, 1))
+    fig.savefig(path)
+    pyplot().close(fig)
 
 
 def empty_chart(path, title, message):
-    c = frame(title, "", "")
-    c.rect_outline(*PLOT, GREY)
-    c.text((PLOT[0] + PLOT[2] - Canvas.text_width(message, 3)) // 2, (PLOT[1] + PLOT[3]) // 2 - 15, message, GREY, 3)
-    c.write_png(path)
+    if not pyplot():
+        return
+    fig, ax = figure(title, "", "")
+    ax.set_xticks([])
+    ax.set_yticks([])
+    ax.text(0.5, 0.5, message, ha="center", va="center", fontsize=14, color=rgb(GREY), transform=ax.transAxes)
+    save(fig, path)
 
 
 def line_chart(path, title, xlabel, ylabel, series, xlog2=True, hline=None, band=None, note=None):
     """series: [(label, color, [(x, y), ...], dashed)]; y on a log scale; x on log2 when xlog2."""
-    pts = [p for s in series for p in s[2] if p[1] and p[1] > 0]
-    if not pts:
+    if not pyplot():
+        return
+    if not any(p[1] and p[1] > 0 for s in series for p in s[2]):
         empty_chart(path, title, "no data")
         return
-    xs = sorted({p[0] for p in pts})
-    ys = [p[1] for p in pts] + ([hline] if hline else []) + (list(band) if band else [])
-    ylo, yhi = min(ys), max(ys)
-    ylo, yhi = 10 ** math.floor(math.log10(ylo) - 0.05), 10 ** math.ceil(math.log10(yhi) + 0.05)
-    xlo, xhi = (math.log2(xs[0]), math.log2(xs[-1])) if xlog2 else (xs[0], xs[-1])
-    if xhi == xlo:
-        xlo, xhi = xlo - 1, xhi + 1
-    l, t, r, b = PLOT
-
-    def X(v):
-        v = math.log2(v) if xlog2 else v
-        return l + 20 + (v - xlo) / (xhi - xlo) * (r - l - 40)
-
-    def Y(v):
-        return b - (math.log10(v) - math.log10(ylo)) / (math.log10(yhi) - math.log10(ylo)) * (b - t)
-
-    c = frame(title, xlabel, ylabel, note)
+    fig, ax = figure(title, xlabel, ylabel, note)
+    ax.set_yscale("log")
+    plain_log_ticks(ax.yaxis)
+    if xlog2:
+        ax.set_xscale("log", base=2)
+    xs = sorted({p[0] for s in series for p in s[2] if p[1] and p[1] > 0})
+    ax.set_xticks(xs)
+    ax.set_xticklabels([f"{v:g}" for v in xs])
     if band:
-        c.fill_rect(l, Y(band[1]), r, Y(band[0]), (255, 236, 200))
-    for v in log_ticks(ylo, yhi):
-        c.fill_rect(l, int(Y(v)), r, int(Y(v)) + 1, LIGHT)
-        s = fmt_tick(v)
-        c.text(l - 10 - Canvas.text_width(s), int(Y(v)) - 6, s, GREY, 2)
-    for v in xs:
-        c.fill_rect(int(X(v)), t, int(X(v)) + 1, b, LIGHT)
-        s = f"{v:g}"
-        c.text(int(X(v)) - Canvas.text_width(s) // 2, b + 10, s, GREY, 2)
+        ax.axhspan(band[0], band[1], color=(1.0, 0.925, 0.78), zorder=0)
     if hline:
-        c.line(l, Y(hline), r, Y(hline), GREY, 2, dash=6)
-    c.rect_outline(l, t, r + 1, b + 1, GREY)
+        ax.axhline(hline, color=rgb(GREY), linestyle="--", linewidth=1.5)
     for label, color, data, dashed in series:
         data = sorted(p for p in data if p[1] and p[1] > 0)
-        c.polyline([(X(x), Y(y)) for x, y in data], color, 3, dash=5 if dashed else None)
-        for x, y in data:
-            c.dot(X(x), Y(y), 4, color)
-    legend(c, [(s[0], s[1], "dot" if len(s[2]) == 1 else ("dashed" if s[3] else "line")) for s in series])
-    c.write_png(path)
+        ax.plot([x for x, _ in data], [y for _, y in data], color=rgb(color), linestyle="--" if dashed else "-",
+                marker="o", markersize=4, linewidth=2, label=label)
+    ax.legend(loc="center left", bbox_to_anchor=(1.01, 0.5), frameon=False, fontsize=9)
+    save(fig, path)
 
 
 def bar_chart(path, title, ylabel, groups, names, values, note=None, value_fmt=fmt_time):
     """values[g][i]: bar i of group g (None: missing); log y."""
-    vals = [v for g in values for v in g if v]
-    if not vals:
+    if not pyplot():
+        return
+    if not any(v for g in values for v in g):
         empty_chart(path, title, "no data")
         return
-    ylo, yhi = 10 ** math.floor(math.log10(min(vals)) - 0.05), 10 ** math.ceil(math.log10(max(vals)) + 0.05)
-    l, t, r, b = PLOT
-
-    def Y(v):
-        return b - (math.log10(v) - math.log10(ylo)) / (math.log10(yhi) - math.log10(ylo)) * (b - t)
-
-    c = frame(title, "", ylabel, note)
-    for v in log_ticks(ylo, yhi):
-        c.fill_rect(l, int(Y(v)), r, int(Y(v)) + 1, LIGHT)
-        s = fmt_tick(v)
-        c.text(l - 10 - Canvas.text_width(s), int(Y(v)) - 6, s, GREY, 2)
-    gw = (r - l) / len(groups)
-    bw = min(60, (gw - 30) / len(names))
-    for gi, g in enumerate(groups):
-        x0 = l + gi * gw + (gw - bw * len(names)) / 2
-        for i, v in enumerate(values[gi]):
-            if v:
-                c.fill_rect(x0 + i * bw + 2, Y(v), x0 + (i + 1) * bw - 2, b, PALETTE[i % len(PALETTE)])
-                s = value_fmt(v)
-                c.text(int(x0 + i * bw + bw / 2 - Canvas.text_width(s, 1) / 2), int(Y(v)) - 12, s, BLACK, 1)
-        c.text(int(l + gi * gw + gw / 2 - Canvas.text_width(g) / 2), b + 12, g, BLACK, 2)
-    c.rect_outline(l, t, r + 1, b + 1, GREY)
-    legend(c, [(n, PALETTE[i % len(PALETTE)], "line") for i, n in enumerate(names)])
-    c.write_png(path)
+    fig, ax = figure(title, "", ylabel, note)
+    ax.set_yscale("log")
+    plain_log_ticks(ax.yaxis)
+    width = 0.8 / len(names)
+    for i, name in enumerate(names):
+        xs = [gi - 0.4 + (i + 0.5) * width for gi in range(len(groups))]
+        vs = [values[gi][i] for gi in range(len(groups))]
+        kept = [(x, v) for x, v in zip(xs, vs) if v]
+        bars = ax.bar([x for x, _ in kept], [v for _, v in kept], width * 0.9,
+                      color=rgb(PALETTE[i % len(PALETTE)]), label=name)
+        ax.bar_label(bars, labels=[value_fmt(v) for _, v in kept], fontsize=7)
+    ax.set_xticks(range(len(groups)))
+    ax.set_xticklabels(groups)
+    ax.legend(loc="center left", bbox_to_anchor=(1.01, 0.5), frameon=False, fontsize=9)
+    save(fig, path)
 
 
 # ----------------------------------------------------------------------------------------
@@ -976,7 +796,8 @@ def report(out_dir, more_dirs=()):
                                                   r.error.replace("|", "/")[:200]] for r in errors]))
     with open(os.path.join(out_dir, "results.md"), "w") as f:
         f.write("\n".join(md) + "\n")
-    print(f"bench_report: wrote {os.path.join(out_dir, 'results.md')} and {len(charts)} charts")
+    drawn = len(charts) if pyplot() else 0
+    print(f"bench_report: wrote {os.path.join(out_dir, 'results.md')} and {drawn} charts")
 
 
 if __name__ == "__main__":
