@@ -2,9 +2,7 @@
 // its CPU smoke tests and exits 0 (1 with --require-gpu).
 #include <gtest/gtest.h>
 
-#include <filesystem>
 #include <string>
-#include <system_error>
 
 #include "kernels/gpu_runtime.h"
 #include "test/test_util.h"
@@ -13,24 +11,11 @@ namespace {
 
 using mf::testing::RunResult;
 
-// The doctor program beside this test binary (build/bin, or the kit that device_prepare.sh
-// makes and that travels to the GPU machine, where the build folder does not exist), else
-// the one it was built beside.
-std::string doctor_path() {
-  std::error_code ec;
-  const std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe", ec);
-  if (!ec) {
-    const std::filesystem::path beside = self.parent_path() / "doctor";
-    if (std::filesystem::exists(beside, ec)) return beside.string();
-  }
-  return MF_DOCTOR_BIN;
-}
-
 // doctor --no-color with `args` (run_program: the path quoted, so a build folder whose
 // path has a space runs too).
 RunResult run_doctor(const std::string& args) {
   const mf::testing::TempDir dir;
-  return mf::testing::run_program(doctor_path(), "--no-color " + args, dir);
+  return mf::testing::run_program(MF_DOCTOR_BIN, "--no-color " + args, dir);
 }
 
 }  // namespace
