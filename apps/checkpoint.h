@@ -28,6 +28,7 @@
 #include <string>
 #include <vector>
 
+#include "data/file_error.h"
 #include "layers/optimizer.h"
 #include "layers/sequential.h"
 
@@ -35,15 +36,10 @@ namespace mf::apps {
 
 // A checkpoint is missing, truncated, corrupt, foreign or does not fit the model.
 // what() is one line: "<path>: <problem>".
-class CheckpointError : public std::runtime_error {
+class CheckpointError : public FileError {
  public:
   CheckpointError(const std::string& path, const std::string& problem)
-      : std::runtime_error(path + ": " + problem), path_(path), problem_(problem) {}
-  const std::string& path() const { return path_; }
-  const std::string& problem() const { return problem_; }
-
- private:
-  std::string path_, problem_;
+      : FileError(Kind::kCheckpoint, path, problem) {}
 };
 
 constexpr std::uint32_t kCheckpointVersion = 1;

@@ -7,18 +7,14 @@
 #include <string>
 #include <vector>
 
+#include "data/file_error.h"
+
 namespace mf::apps {
 
 // An image file cannot be used. what() is one line: "<path>: <problem>".
-class ImageError : public std::runtime_error {
+class ImageError : public FileError {
  public:
-  ImageError(const std::string& path, const std::string& problem)
-      : std::runtime_error(path + ": " + problem), path_(path), problem_(problem) {}
-  const std::string& path() const { return path_; }
-  const std::string& problem() const { return problem_; }
-
- private:
-  std::string path_, problem_;
+  ImageError(const std::string& path, const std::string& problem) : FileError(Kind::kImage, path, problem) {}
 };
 
 // Largest width or height, and pixel count, decoded: checked from the header, before any

@@ -10,18 +10,14 @@
 #include <string>
 #include <vector>
 
+#include "data/file_error.h"
+
 namespace mf::data {
 
 // A data file is missing or malformed. what() is one line: "<path>: <what is wrong>".
-class DataError : public std::runtime_error {
+class DataError : public FileError {
  public:
-  DataError(const std::string& path, const std::string& problem)
-      : std::runtime_error(path + ": " + problem), path_(path), problem_(problem) {}
-  const std::string& path() const { return path_; }
-  const std::string& problem() const { return problem_; }
-
- private:
-  std::string path_, problem_;
+  DataError(const std::string& path, const std::string& problem) : FileError(Kind::kData, path, problem) {}
 };
 
 // An IDX file's contents: dims outermost first; values.size() == product of dims.
