@@ -1,7 +1,7 @@
 // common.cpp: shared app helpers (see common.h).
 #include "apps/common.h"
 
-#include "apps/atomic_file.h"
+#include "io/atomic_file.h"
 
 #include <cerrno>
 #include <cmath>
@@ -19,10 +19,10 @@
 #include <unistd.h>
 
 #include "data/mnist.h"
-#include "kernels/device_allocator.h"
-#include "kernels/errors.h"
-#include "kernels/gpu_runtime.h"
-#include "tensor/parallel.h"
+#include "runtime/device_allocator.h"
+#include "runtime/errors.h"
+#include "runtime/gpu_runtime.h"
+#include "runtime/parallel.h"
 
 #ifndef MF_SOURCE_DIR
 #define MF_SOURCE_DIR "."
@@ -67,9 +67,9 @@ std::string hardware_description(Device device, int gpu_index) {
 void check_output_path(const char* flag, const std::string& path) {
   if (path.empty()) return;
   try {
-    output_target(path);  // as write_bytes_atomic judges it, so that what passes here is written
+    io::output_target(path);  // as io::write_bytes_atomic judges it, so that what passes here is written
   } catch (const std::runtime_error& e) {
-    throw std::invalid_argument(std::string("--") + flag + " " + path + ": " + without_path(path, e.what()));
+    throw std::invalid_argument(std::string("--") + flag + " " + path + ": " + io::without_path(path, e.what()));
   }
 }
 
@@ -121,15 +121,8 @@ int exit_status_after_stdout(const char* program, int status) {
   return 1;
 }
 
-std::string one_line(const std::string& s) {
-  std::string r = s;
-  for (char& c : r)
-    if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) c = ' ';  // \n, \r, \t, \v, \f, ESC, ...
-  return r;
-}
-
 void write_file_atomic(const std::string& path, const std::string& text) {
-  write_bytes_atomic(path, text.data(), text.size());
+  io::write_bytes_atomic(path, text.data(), text.size());
 }
 
 namespace {

@@ -5,7 +5,8 @@
 #include <string>
 #include <vector>
 
-#include "layers/sequential.h"
+#include "train/sequential.h"
+#include "runtime/errors.h"  // one_line
 
 namespace mf::apps {
 
@@ -16,11 +17,7 @@ std::string default_data_dir();
 std::string hardware_description(Device device, int gpu_index);
 std::string cpu_model_name();
 
-// Control characters (newline, tab, vertical tab, form feed, escape, ...) become spaces: errors
-// print as one line, and a file name cannot move the terminal's cursor.
-std::string one_line(const std::string& s);
-
-// Writes `text` to `path` atomically (apps/atomic_file.h: a temporary file in the same
+// Writes `text` to `path` atomically (io/atomic_file.h: a temporary file in the same
 // folder, synced, then renamed over the target), so a crash never leaves half a file.
 void write_file_atomic(const std::string& path, const std::string& text);
 

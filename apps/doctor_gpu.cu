@@ -11,9 +11,9 @@
 #include <cstring>
 #include <vector>
 
-#include "kernels/cuda_check.h"
-#include "kernels/cuda_raii.h"
-#include "kernels/launchers.h"
+#include "runtime/cuda_check.h"
+#include "runtime/cuda_raii.h"
+#include "kernels/gpu/launchers.h"
 #include "tensor/half.h"
 #include "tensor/rng.h"
 

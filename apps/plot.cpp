@@ -6,7 +6,7 @@
 #include <cstdio>
 #include <stdexcept>
 
-#include "apps/image.h"
+#include "io/image.h"
 
 #if defined(__GNUC__)
 #pragma GCC diagnostic push
@@ -124,9 +124,9 @@ int Canvas::text_width(const std::string& s, int scale) {
 
 int Canvas::text_height(int scale) { return 7 * scale; }
 
-std::string Canvas::encode_png() const { return apps::encode_png(width_, height_, 3, rgb_.data()); }
+std::string Canvas::encode_png() const { return io::encode_png(width_, height_, 3, rgb_.data()); }
 
-void Canvas::write_png(const std::string& path) const { apps::write_png(path, width_, height_, 3, rgb_.data()); }
+void Canvas::write_png(const std::string& path) const { io::write_png(path, width_, height_, 3, rgb_.data()); }
 
 // ---- the training plot ----
 

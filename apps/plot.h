@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "layers/sequential.h"
+#include "train/sequential.h"
 
 namespace mf::apps {
 

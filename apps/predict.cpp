@@ -13,17 +13,17 @@
 #include <string>
 #include <vector>
 
-#include "apps/atomic_file.h"
-#include "apps/checkpoint.h"
+#include "io/atomic_file.h"
+#include "io/checkpoint.h"
 #include "apps/common.h"
 #include "apps/flags.h"
-#include "apps/image.h"
+#include "io/image.h"
 #include "apps/plot.h"
 #include "data/batching.h"
 #include "data/mnist.h"
-#include "kernels/errors.h"
-#include "kernels/gpu_runtime.h"
-#include "layers/sequential.h"
+#include "runtime/errors.h"
+#include "runtime/gpu_runtime.h"
+#include "train/sequential.h"
 #include "tensor/rng.h"
 
 namespace {
@@ -32,10 +32,10 @@ using namespace mf;
 
 void print_ascii(const std::vector<float>& px) {
   static const char kRamp[] = " .:-=+*#%@";
-  for (int y = 0; y < apps::kMnistSide; ++y) {
+  for (int y = 0; y < io::kMnistSide; ++y) {
     std::string row = "    ";
-    for (int x = 0; x < apps::kMnistSide; ++x) {
-      const float v = px[static_cast<std::size_t>(y) * apps::kMnistSide + x];
+    for (int x = 0; x < io::kMnistSide; ++x) {
+      const float v = px[static_cast<std::size_t>(y) * io::kMnistSide + x];
       row += kRamp[std::min(9, static_cast<int>(v * 10.0f))];
     }
     std::printf("%s\n", row.c_str());
@@ -147,7 +147,7 @@ static int run_main(int argc, char** argv) {
       const std::string file = apps::same_file_among(grid, apps::data_files_in(data_dir));
       if (!file.empty())
         throw apps::FlagError("--grid " + grid + " is the data file " + file + ": writing there would destroy the data");
-      if (apps::is_checkpoint_file(grid))
+      if (io::is_checkpoint_file(grid))
         throw apps::FlagError("--grid " + grid +
                               " is a microflow checkpoint: writing there would destroy it (remove it first if that is "
                               "meant)");
@@ -164,7 +164,7 @@ static int run_main(int argc, char** argv) {
     apps::check_output_path("grid", grid);  // before the model and the 10,000 test digits
     Rng rng(0);
     Sequential model = Sequential::mnist_cnn(rng);
-    apps::load_checkpoint(model_path, model, nullptr);
+    io::load_checkpoint(model_path, model, nullptr);
     if (device_name_flag == "gpu" || (device_name_flag == "auto" && gpu_available())) {
       if (!gpu_available()) throw NoGpuError("--device gpu: " + gpu_status().reason);
       model.to(Device::kGpu);
@@ -177,15 +177,15 @@ static int run_main(int argc, char** argv) {
     oom_hint = "free some memory, or give fewer or smaller images at a time";
     for (const std::string& path : flags.positional()) {
       try {
-        const std::vector<float> px = apps::mnist_preprocess(apps::read_gray_image(path), path);
+        const std::vector<float> px = io::mnist_preprocess(io::read_gray_image(path), path);
         pixels.insert(pixels.end(), px.begin(), px.end());
         ok_paths.push_back(path);
-      } catch (const apps::ImageError& e) {
-        std::fprintf(stderr, "predict: error: %s\n", apps::one_line(e.what()).c_str());
+      } catch (const io::ImageError& e) {
+        std::fprintf(stderr, "predict: error: %s\n", mf::one_line(e.what()).c_str());
         ++failed;
       } catch (const std::bad_alloc&) {  // this image is too large for the memory left; the next may fit
         std::fprintf(stderr, "predict: error: %s: out of host memory reading or decoding it\n",
-                     apps::one_line(path).c_str());
+                     mf::one_line(path).c_str());
         ++failed;
       }
     }
@@ -193,15 +193,15 @@ static int run_main(int argc, char** argv) {
       stage = "classifying the images";
       const auto n = static_cast<std::int64_t>(ok_paths.size());
       const Tensor probs =
-          model.predict(Tensor::from_vector(Shape{n, apps::kMnistSide, apps::kMnistSide, 1}, pixels));
+          model.predict(Tensor::from_vector(Shape{n, io::kMnistSide, io::kMnistSide, 1}, pixels));
       const std::int64_t classes = probs.dim(1);
       for (std::int64_t i = 0; i < n; ++i) {
         const float* p = probs.data<float>() + i * classes;
         // Finite weights (the checkpoint's checks) can still overflow on the way: scores of
         // NaN would print "nan%" and rank as noise.
         if (!std::all_of(p, p + classes, [](float v) { return std::isfinite(v); })) {
-          std::fprintf(stderr, "predict: error: %s: %s\n", apps::one_line(ok_paths[static_cast<std::size_t>(i)]).c_str(),
-                       apps::one_line(not_finite(model_path)).c_str());
+          std::fprintf(stderr, "predict: error: %s: %s\n", mf::one_line(ok_paths[static_cast<std::size_t>(i)]).c_str(),
+                       mf::one_line(not_finite(model_path)).c_str());
           ++failed;
           continue;
         }
@@ -216,8 +216,8 @@ static int run_main(int argc, char** argv) {
         }
         std::printf("%s\n", line.c_str());
         if (ascii)
-          print_ascii(std::vector<float>(pixels.begin() + i * apps::kMnistSide * apps::kMnistSide,
-                                         pixels.begin() + (i + 1) * apps::kMnistSide * apps::kMnistSide));
+          print_ascii(std::vector<float>(pixels.begin() + i * io::kMnistSide * io::kMnistSide,
+                                         pixels.begin() + (i + 1) * io::kMnistSide * io::kMnistSide));
       }
     }
     if (!grid.empty()) {
@@ -231,14 +231,14 @@ static int run_main(int argc, char** argv) {
     std::fprintf(stderr, "predict: error: out of host memory while %s; %s\n", stage, oom_hint);
     return 1;
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "predict: error: %s\n", apps::one_line(e.what()).c_str());
+    std::fprintf(stderr, "predict: error: %s\n", mf::one_line(e.what()).c_str());
     return 1;
   }
 }
 
 int main(int argc, char** argv) {
   mf::apps::reserve_standard_fds();
-  mf::apps::remove_temp_file_on_stop_signals();  // Ctrl-C while the --grid PNG is written
+  mf::io::remove_temp_file_on_stop_signals();  // Ctrl-C while the --grid PNG is written
   // `predict ... | head`: the closed pipe is reported at exit (exit_status_after_stdout),
   // after --grid is written.
   mf::apps::write_failures_are_errors();

@@ -5,7 +5,7 @@
 #include <cstddef>
 #include <cstdio>
 
-#include "layers/sequential.h"
+#include "train/sequential.h"
 
 namespace mf::apps {
 

@@ -9,11 +9,11 @@
 #include <string>
 #include <vector>
 
-#include "kernels/gpu_runtime.h"
-#include "kernels/launchers.h"
+#include "runtime/gpu_runtime.h"
+#include "kernels/gpu/launchers.h"
 #include "layers/softmax_xent.h"
 #include "optim/adam.h"
-#include "tensor/parallel.h"
+#include "runtime/parallel.h"
 #include "tensor/rng.h"
 
 namespace mf::bench {

@@ -14,7 +14,7 @@
 #include <string>
 
 #include "data/mnist.h"
-#include "layers/sequential.h"
+#include "train/sequential.h"
 #include "tensor/tensor.h"
 
 namespace mf::bench {

@@ -14,14 +14,14 @@
 #include <Eigen/Core>
 
 #include "bench/bench_common.h"
-#include "tensor/parallel.h"
+#include "runtime/parallel.h"
 
 #if MF_WITH_CUDA
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
-#include "kernels/cuda_check.h"
-#include "kernels/cuda_raii.h"
+#include "runtime/cuda_check.h"
+#include "runtime/cuda_raii.h"
 #endif
 
 namespace mf::bench {

@@ -13,16 +13,16 @@
 
 #include "bench/bench_common.h"
 #include "layers/conv2d.h"
-#include "layers/conv_options.h"
+#include "kernels/conv_options.h"
 #include "layers/dense.h"
 #include "layers/maxpool2d.h"
 #include "layers/softmax_xent.h"
 #include "tensor/rng.h"
 
 #if MF_WITH_CUDA
-#include "kernels/cuda_raii.h"
-#include "kernels/gpu_context.h"
-#include "kernels/launchers.h"
+#include "runtime/cuda_raii.h"
+#include "runtime/gpu_context.h"
+#include "kernels/gpu/launchers.h"
 #endif
 
 namespace mf::bench {
@@ -187,7 +187,7 @@ void BM_LossGpu(benchmark::State& state, std::int64_t batch, DType dtype) {
   auto run = [&] {
     launch_softmax_xent(logits.raw(), dtype == DType::kF16, labels.data<std::int32_t>(), batch, 10, dlogits.raw(),
                         1.0f / static_cast<float>(batch), nullptr, stats.data<float>(),
-                        GpuContext::current().reduction_scratch(), s);
+                        GpuContext::current().reduction_scratch(reduction_scratch_bytes()), s);
   };
   run();
   EventTimer timer(s);

@@ -12,13 +12,13 @@
 #include <vector>
 
 #include "bench/bench_common.h"
-#include "kernels/device_allocator.h"
-#include "kernels/errors.h"
-#include "layers/conv_options.h"
+#include "runtime/device_allocator.h"
+#include "runtime/errors.h"
+#include "kernels/conv_options.h"
 
 #if MF_WITH_CUDA
-#include "kernels/cuda_raii.h"
-#include "kernels/gpu_context.h"
+#include "runtime/cuda_raii.h"
+#include "runtime/gpu_context.h"
 #endif
 
 namespace mf::bench {

@@ -19,9 +19,9 @@
 #if MF_WITH_CUDA
 #include <cuda_runtime.h>
 
-#include "kernels/cuda_check.h"
-#include "kernels/cuda_raii.h"
-#include "kernels/gpu_context.h"
+#include "runtime/cuda_check.h"
+#include "runtime/cuda_raii.h"
+#include "runtime/gpu_context.h"
 #endif
 
 namespace mf::bench {

@@ -4,16 +4,16 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "apps/checkpoint.h"
+#include "io/checkpoint.h"
 #include "fuzz/fuzz_model.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   static mf::Sequential model = mf::fuzz::small_model(1);
   for (bool verify : {true, false}) {
     try {
-      const mf::apps::CheckpointContents c = mf::apps::parse_checkpoint(data, size, "fuzz-input", verify);
-      mf::apps::restore_checkpoint(c, data, "fuzz-input", model, model.optimizer());
-    } catch (const mf::apps::CheckpointError&) {
+      const mf::io::CheckpointContents c = mf::io::parse_checkpoint(data, size, "fuzz-input", verify);
+      mf::io::restore_checkpoint(c, data, "fuzz-input", model, model.optimizer());
+    } catch (const mf::io::CheckpointError&) {
     }
   }
   return 0;

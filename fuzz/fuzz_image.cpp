@@ -10,7 +10,7 @@
 
 #include <zlib.h>
 
-#include "apps/image.h"
+#include "io/image.h"
 
 namespace {
 // A PNG's chunks with their CRCs made right: decode_gray_image refuses a chunk whose CRC
@@ -35,13 +35,13 @@ std::vector<std::uint8_t> with_png_crcs_fixed(const std::uint8_t* data, std::siz
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   try {
     const std::vector<std::uint8_t> bytes = with_png_crcs_fixed(data, size);
-    const mf::apps::GrayImage img =
-        mf::apps::decode_gray_image(bytes.data(), bytes.size(), "fuzz-input", std::int64_t{1} << 22);
-    const auto x = mf::apps::mnist_preprocess(img, "fuzz-input");
+    const mf::io::GrayImage img =
+        mf::io::decode_gray_image(bytes.data(), bytes.size(), "fuzz-input", std::int64_t{1} << 22);
+    const auto x = mf::io::mnist_preprocess(img, "fuzz-input");
     if (x.size() != 28 * 28) __builtin_trap();
     for (float v : x)
       if (!(v >= 0.0f && v <= 1.0f)) __builtin_trap();
-  } catch (const mf::apps::ImageError&) {
+  } catch (const mf::io::ImageError&) {
   }
   return 0;
 }

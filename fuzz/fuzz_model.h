@@ -5,7 +5,7 @@
 
 #include "layers/dense.h"
 #include "layers/flatten.h"
-#include "layers/sequential.h"
+#include "train/sequential.h"
 #include "optim/adam.h"
 #include "tensor/rng.h"
 

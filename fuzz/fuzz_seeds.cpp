@@ -8,14 +8,14 @@
 #include <string>
 #include <vector>
 
-#include "apps/atomic_file.h"
-#include "apps/checkpoint.h"
+#include "io/atomic_file.h"
+#include "io/checkpoint.h"
 #include "data/idx.h"
 #include "fuzz/fuzz_model.h"
 #if MF_WITH_STB
 #include <stb_image_write.h>
 
-#include "apps/image.h"
+#include "io/image.h"
 #endif
 
 namespace fs = std::filesystem;
@@ -50,7 +50,7 @@ int main(int argc, char** argv) {
   }
 
   mf::Sequential m = mf::fuzz::small_model(1);
-  mf::apps::CheckpointMeta meta;
+  mf::io::CheckpointMeta meta;
   meta.epoch = 1;
   meta.seed = 1;
   meta.batch_size = 4;
@@ -60,8 +60,8 @@ int main(int argc, char** argv) {
   e.accuracy = 0.5;
   meta.history.push_back(e);
   auto save = [&](const std::string& name, bool with_opt) {
-    const std::string bytes = mf::apps::serialize_checkpoint(m, with_opt ? m.optimizer() : nullptr, meta);
-    mf::apps::write_bytes_atomic((ckpt / name).string(), bytes.data(), bytes.size());
+    const std::string bytes = mf::io::serialize_checkpoint(m, with_opt ? m.optimizer() : nullptr, meta);
+    mf::io::write_bytes_atomic((ckpt / name).string(), bytes.data(), bytes.size());
   };
   save("fresh.ckpt", true);
   save("weights_only.ckpt", false);
@@ -87,13 +87,13 @@ int main(int argc, char** argv) {
   for (int y = 3; y < 11; ++y) g[y * 12 + 9 - (y - 3) / 2] = 220;
   for (std::size_t i = 0; i < g.size(); ++i) rgba[4 * i + 3] = g[i];  // strokes as alpha
   auto put = [&](const std::string& name, const std::string& bytes) {
-    mf::apps::write_bytes_atomic((img / name).string(), bytes.data(), bytes.size());
+    mf::io::write_bytes_atomic((img / name).string(), bytes.data(), bytes.size());
   };
   auto collect = [](void* ctx, void* data, int size) {
     static_cast<std::string*>(ctx)->append(static_cast<const char*>(data), static_cast<std::size_t>(size));
   };
-  put("grey.png", mf::apps::encode_png(12, 12, 1, g.data()));
-  put("rgba.png", mf::apps::encode_png(12, 12, 4, rgba.data()));
+  put("grey.png", mf::io::encode_png(12, 12, 1, g.data()));
+  put("rgba.png", mf::io::encode_png(12, 12, 4, rgba.data()));
   std::string bmp, jpg;
   stbi_write_bmp_to_func(collect, &bmp, 12, 12, 1, g.data());
   stbi_write_jpg_to_func(collect, &jpg, 12, 12, 1, g.data(), 90);

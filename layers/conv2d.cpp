@@ -34,6 +34,7 @@ Shape Conv2D::output_shape(const Shape& in) const {
 #if !MF_WITH_CUDA
 namespace mf {
 struct ConvGpuState {};
+void ConvGpuStateDeleter::operator()(ConvGpuState* s) const { delete s; }
 Conv2D::~Conv2D() = default;
 std::string Conv2D::gpu_config() const { return ""; }
 void Conv2D::to(Device device) { Layer::to(device); }

@@ -2,11 +2,15 @@
 #pragma once
 #include <memory>
 
+#include "kernels/cpu/conv2d.h"
 #include "layers/layer.h"
 
 namespace mf {
 
-struct ConvGpuState;  // cuDNN descriptors and chosen algorithms (conv2d_gpu.cu)
+struct ConvGpuState;  // cuDNN descriptors and chosen algorithms (kernels/gpu/cudnn_conv.h)
+struct ConvGpuStateDeleter {
+  void operator()(ConvGpuState* s) const;
+};
 
 class Conv2D final : public Layer {
  public:
@@ -41,31 +45,11 @@ class Conv2D final : public Layer {
 #endif
 
  private:
-  void forward_direct(const Tensor& x, Tensor& y);  // few inputs per output: no GEMM
-  void backward_direct_3x3x1(const Tensor& dy);     // 3x3 kernel, 1 channel, 32 filters, no dx
-  void forward_implicit(const Tensor& x, Tensor& y);  // register-tiled implicit GEMM
-  void backward_implicit(const Tensor& dy, Tensor& dx);
   std::int64_t in_channels_, filters_, k_;
   Activation act_;
   Parameter weight_, bias_;
-  std::vector<float> scratch_;   // CPU: per-thread im2col and gradient buffers
-  // CPU backward: the output gradient's nonzero entries, pixel by pixel (conv2d_cpu.cpp)
-  // and, per thread, the same entries regrouped by filter
-  std::vector<float> nz_val_;
-  std::vector<std::int32_t> nz_idx_;
-  std::vector<std::int64_t> nz_rows_;
-  // What the CPU ran last, for cpu_config(), and how sparse dZ was when the implicit
-  // backward listed its nonzeros: threads' shares done sparse (of all), the fraction of dZ
-  // entries nonzero and the threshold below which a share goes sparse.
-  const char* cpu_forward_ = nullptr;
-  const char* cpu_backward_ = nullptr;
-  struct Sparsity {
-    int sparse_shares = 0, shares = 0;
-    double nonzero = 0, threshold = 0;
-  } sparsity_;
-  // Deleted through the function conv2d_gpu.cu sets with the state: this header (and
-  // conv2d.cpp, whose constructor may throw) only sees ConvGpuState declared.
-  std::unique_ptr<ConvGpuState, void (*)(ConvGpuState*)> gpu_{nullptr, nullptr};
+  cpu::ConvCpuState cpu_;  // the CPU kernels' buffers and what they ran last
+  std::unique_ptr<ConvGpuState, ConvGpuStateDeleter> gpu_;
 };
 
 }  // namespace mf

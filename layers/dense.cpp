@@ -3,9 +3,9 @@
 
 #include <algorithm>
 
-#include "layers/conv2d_cpu_kernels.h"
-#include "layers/eigen_util.h"
-#include "tensor/parallel.h"
+#include "kernels/cpu/conv2d_cpu_kernels.h"
+#include "kernels/cpu/eigen_util.h"
+#include "runtime/parallel.h"
 #include "tensor/rng.h"
 
 #if !MF_WITH_CUDA

@@ -11,10 +11,10 @@
 #include <stdexcept>
 #include <string>
 
-#include "kernels/cuda_check.h"
-#include "kernels/gpu_context.h"
-#include "kernels/launchers.h"
-#include "layers/conv_options.h"
+#include "runtime/cuda_check.h"
+#include "runtime/gpu_context.h"
+#include "kernels/gpu/launchers.h"
+#include "kernels/conv_options.h"
 #include "layers/dense.h"
 
 namespace mf {
@@ -78,7 +78,7 @@ void Dense::backward_gpu(const Tensor& dy, Tensor& dx) {
   const std::int64_t n = dy.dim(0);
   // dz = dy masked where the output was not positive (ReLU); db += column sums of dz.
   ensure(gpu_->dz, dy.shape(), dy.dtype(), Device::kGpu);
-  launch_bias_act_backward(y_.raw(), dy.raw(), gpu_->dz.raw(), bias_.grad.raw(), ctx.reduction_scratch(), half, n,
+  launch_bias_act_backward(y_.raw(), dy.raw(), gpu_->dz.raw(), bias_.grad.raw(), ctx.reduction_scratch(reduction_scratch_bytes()), half, n,
                            units_,
                            act_ == Activation::kRelu, ctx.stream());
   // dW (in x units) += X^T (in x n) dZ (n x units), i.e. dW^T (units x in) += dZ^T (units x n) X (n x in):

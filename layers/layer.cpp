@@ -163,7 +163,7 @@ void glorot_uniform(Tensor& w, std::int64_t fan_in, std::int64_t fan_out, Rng& r
 
 }  // namespace mf
 
-#include "layers/conv_options.h"
+#include "kernels/conv_options.h"
 
 namespace mf {
 ConvOptions& conv_options() {

@@ -3,9 +3,9 @@
 #include <algorithm>
 #include <cstring>
 
-#include "layers/conv2d_cpu_kernels.h"
+#include "kernels/cpu/conv2d_cpu_kernels.h"
 #include "layers/maxpool2d.h"
-#include "tensor/parallel.h"
+#include "runtime/parallel.h"
 
 namespace mf {
 
@@ -29,7 +29,7 @@ typedef std::uint8_t Bytes __attribute__((vector_size(cpu::kLanes)));
 
 // Which input wins a window: the first NaN if there is one (a NaN input gives a NaN output,
 // which reaches the loss and stops the run, as in PyTorch and on the GPU path,
-// kernels/maxpool.cu), else the first of the largest values. Done as a tournament, (a, b)
+// kernels/gpu/maxpool.cu), else the first of the largest values. Done as a tournament, (a, b)
 // and (e, f), then the two winners, carrying each value's position 0..3 along.
 //
 // (a, ia) when a >= b (the first of equal values) or a is NaN, else (b, ib), a NaN b

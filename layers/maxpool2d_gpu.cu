@@ -1,11 +1,11 @@
-// maxpool2d_gpu.cu: MaxPool2D on the GPU: the 2x2/2 kernels of kernels/maxpool.cu, NHWC, f32
+// maxpool2d_gpu.cu: MaxPool2D on the GPU: the 2x2/2 kernels of kernels/gpu/maxpool.cu, NHWC, f32
 // or f16. Forward records each window's winner (a u8 on the device) so that backward routes
 // the gradient there, the same rule as the CPU path (first position on ties).
 #include <cstdint>
 #include <stdexcept>
 
-#include "kernels/gpu_runtime.h"
-#include "kernels/launchers.h"
+#include "runtime/gpu_runtime.h"
+#include "kernels/gpu/launchers.h"
 #include "layers/maxpool2d.h"
 
 namespace mf {

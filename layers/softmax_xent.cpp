@@ -6,9 +6,9 @@
 #include <stdexcept>
 #include <string>
 
-#include "kernels/launchers.h"
+#include "kernels/gpu/launchers.h"
 #if MF_WITH_CUDA
-#include "kernels/gpu_context.h"
+#include "runtime/gpu_context.h"
 #endif
 
 namespace mf {
@@ -45,7 +45,7 @@ void check_gradient_buffer(const Tensor& dlogits, const Tensor& logits, const Te
 // The compute stream's reduction scratch (a CPU-only build has no GPU tensor to get here).
 void* reduction_scratch() {
 #if MF_WITH_CUDA
-  return GpuContext::current().reduction_scratch();
+  return GpuContext::current().reduction_scratch(reduction_scratch_bytes());
 #else
   return nullptr;
 #endif

@@ -8,9 +8,9 @@
 #include <sstream>
 #include <stdexcept>
 
-#include "kernels/launchers.h"
+#include "kernels/gpu/launchers.h"
 #include "optim/hyperparams.h"
-#include "tensor/parallel.h"
+#include "runtime/parallel.h"
 
 namespace mf {
 

@@ -2,7 +2,7 @@
 #pragma once
 #include <memory>
 
-#include "layers/optimizer.h"
+#include "optim/optimizer.h"
 #include "optim/loss_scaler.h"
 #include "optim/param_pack.h"
 

@@ -5,7 +5,7 @@
 #include <sstream>
 #include <stdexcept>
 
-#include "kernels/launchers.h"
+#include "kernels/gpu/launchers.h"
 #include "optim/hyperparams.h"
 
 namespace mf {

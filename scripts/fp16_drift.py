@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """How far can an FP16 run's test accuracy drift from an FP32 run of the same start?
 
-The GPU test TrainGpu.Fp16WithinAPointOfFp32 (test/test_train_gpu.cpp) trains one
+The GPU test TrainGpu.Fp16WithinAPointOfFp32 (test/train/test_train_gpu.cpp) trains one
 epoch on the first 12,000 MNIST images twice from the same weights, in FP32 and with
 --fp16, and asks that the two test accuracies be close. This script measures, on the CPU,
 how close two such runs can be expected to land, so the test's margin rests on numbers.

@@ -9,9 +9,9 @@
 #include <cstring>
 #include <sstream>
 
-#include "kernels/device_allocator.h"
-#include "kernels/errors.h"
-#include "kernels/launchers.h"
+#include "runtime/device_allocator.h"
+#include "runtime/errors.h"
+#include "tensor/cast.h"
 
 namespace mf {
 

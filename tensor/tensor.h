@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "kernels/gpu_runtime.h"
+#include "runtime/gpu_runtime.h"
 #include "tensor/dtype.h"
 #include "tensor/shape.h"
 

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "data/mnist.h"
-#include "layers/sequential.h"
+#include "train/sequential.h"
 
 namespace mf::testing {
 

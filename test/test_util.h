@@ -10,8 +10,8 @@
 #include <string>
 #include <vector>
 
-#include "kernels/gpu_runtime.h"
-#include "layers/conv_options.h"
+#include "runtime/gpu_runtime.h"
+#include "kernels/conv_options.h"
 #include "tensor/rng.h"
 #include "tensor/tensor.h"
 

@@ -1,12 +1,12 @@
-// runtime.cpp: kernels/gpu_runtime.h and the device allocator for the CPU emulation of
+// runtime.cpp: runtime/gpu_runtime.h and the device allocator for the CPU emulation of
 // CUDA. "Device" memory is host memory, so copies are memmove and every launch has finished
 // when it returns.
 #include <cstdlib>
 #include <cstring>
 #include <new>
 
-#include "kernels/device_allocator.h"
-#include "kernels/gpu_runtime.h"
+#include "runtime/device_allocator.h"
+#include "runtime/gpu_runtime.h"
 #include "test/emulator/streams.h"
 
 namespace mf {

@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "data/mnist.h"
-#include "layers/sequential.h"
+#include "train/sequential.h"
 #include "optim/adam.h"
 #include "tensor/rng.h"
 #include "test/emulator/streams.h"
