@@ -3,49 +3,32 @@
 #include "apps/run_config.h"
 
 #include <algorithm>
-#include <atomic>
 #include <cctype>
 #include <cmath>
-#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
-#include <iostream>
-#include <iterator>
 #include <memory>
-#include <new>
 #include <string>
 #include <utility>
 #include <vector>
-#include <unistd.h>
 
 #include "io/atomic_file.h"
 #include "io/checkpoint.h"
 #include "apps/common.h"
 #include "apps/flags.h"
-#include "apps/progress.h"
 #include "data/mnist.h"
-#include "runtime/device_allocator.h"
 #include "runtime/errors.h"
 #include "runtime/gpu_runtime.h"
 #include "kernels/conv_options.h"
 #include "train/sequential.h"
 #include "optim/adam.h"
 #include "optim/sgd.h"
-#if MF_WITH_STB
-#include "apps/plot.h"
-#endif
-#include "runtime/parallel.h"
-#include "tensor/rng.h"
 
 
 namespace mf::apps {
 
-// --resume: the checkpoint is read and checked in full before anything else, and its
-// settings become the run's; a flag given with another value is an error. Returns the
-// checkpoint (empty without --resume).
 mf::io::CheckpointFile reconcile_resume(Options& o, const Flags& flags) {
   using namespace mf;
   io::CheckpointFile resume;
@@ -110,9 +93,6 @@ mf::io::CheckpointFile reconcile_resume(Options& o, const Flags& flags) {
   return resume;
 }
 
-// --resume: the checkpoint's weights and optimizer state into `model` (built and compiled
-// already), with a line saying what was restored and notes when nothing would be trained
-// or saved. Without --resume, a fresh start.
 Resumed restore_resumed(const Options& o, const mf::io::CheckpointFile& resume, mf::Sequential& model) {
   using namespace mf;
   Resumed r;

@@ -2,23 +2,16 @@
 #include "apps/run_config.h"
 
 #include <algorithm>
-#include <atomic>
 #include <cctype>
 #include <cmath>
-#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
-#include <iostream>
-#include <iterator>
 #include <memory>
-#include <new>
 #include <string>
 #include <utility>
 #include <vector>
-#include <unistd.h>
 
 #include "io/atomic_file.h"
 #include "io/checkpoint.h"
@@ -42,9 +35,6 @@
 
 namespace mf::apps {
 
-// The shortest decimal that reads back as exactly `v` ("0.2", "0.2000001", "1e-08"). Plain
-// %g keeps six digits, which would print 0.2000001 as "0.2" and make a message about two
-// different values show the same number twice.
 std::string gnum(double v) {
   char b[32];
   for (int digits = 1; digits <= 17; ++digits) {  // 17 digits always round-trip a double
@@ -60,7 +50,6 @@ std::string lower(std::string s) {
 }
 
 
-// The flags, with their help texts, ranges and defaults (o's initial values).
 void define_flags(Flags& flags, Options& o) {
   using namespace mf;
   flags.add_string("device", &o.device, "where to train", {"auto", "cpu", "gpu"});
@@ -103,8 +92,6 @@ void define_flags(Flags& flags, Options& o) {
   flags.add_string("plot", &o.plot, "write loss and accuracy curves (PNG) here after every epoch");
 }
 
-// Outputs that would destroy something are refused before anything runs: two flags naming
-// one file, an output on a data file or on a checkpoint, --save over an existing run.
 void check_outputs(const Options& o) {
   using namespace mf;
   apps::check_output_path("save", o.save);
@@ -160,8 +147,6 @@ void check_outputs(const Options& o) {
 #endif
 }
 
-// The device (and on the GPU its index and memory cap), the CPU threads and the
-// convolutions' options; --fp16 without a GPU is an error.
 mf::Device choose_device(const Options& o, const Flags& flags) {
   using namespace mf;
   if (o.threads > 0) set_num_threads(static_cast<int>(o.threads));
@@ -187,7 +172,6 @@ mf::Device choose_device(const Options& o, const Flags& flags) {
 }
 
 
-// The images, the validation split and --limit-train.
 RunData load_data(const Options& o) {
   using namespace mf;
   RunData d{data::load_mnist(o.data_dir), {}};
@@ -204,8 +188,6 @@ RunData load_data(const Options& o) {
   return d;
 }
 
-// The article's model for these images, its summary printed, on `device`, compiled with
-// the optimizer asked for.
 mf::Sequential build_model(const Options& o, const mf::data::Mnist& mnist, mf::Device device) {
   using namespace mf;
   // The article's model is for small images: its first Dense layer grows with the image's
@@ -245,8 +227,6 @@ mf::Sequential build_model(const Options& o, const mf::data::Mnist& mnist, mf::D
   return model;
 }
 
-// The flags --help marks "GPU:", given for a run on the CPU, which ignores them (and
-// --dense-grad on the GPU): one note line each way.
 void note_ignored_flags(const Options& o, const Flags& flags, mf::Device device) {
   using namespace mf;
   if (device == Device::kCpu) {
