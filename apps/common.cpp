@@ -1,6 +1,8 @@
 // common.cpp: shared app helpers (see common.h).
 #include "apps/common.h"
 
+#include "kernels/kernel_options.h"
+
 #include "io/atomic_file.h"
 
 #include <cerrno>
@@ -205,6 +207,7 @@ void write_metrics_json(const std::string& path, const RunInfo& info, const Hist
   std::ostringstream os;
   os << "{\n  \"date\": " << json_string(utc_now()) << ",\n  \"device\": " << json_string(device_name(info.device))
      << ",\n  \"hardware\": " << json_string(info.hardware) << ",\n  \"precision\": " << json_string(info.fp16 ? "fp16" : "fp32")
+     << ",\n  \"kernels\": " << json_string(rung_name(model.rung()))
      << ",\n  \"batch_size\": " << info.batch_size << ",\n  \"threads\": " << info.threads
      << ",\n  \"seed\": " << info.seed << ",\n  \"deterministic\": " << (info.deterministic ? "true" : "false")
      << ",\n  \"params\": " << model.num_params()

@@ -27,7 +27,7 @@
 #include "runtime/errors.h"
 #include "runtime/gpu_runtime.h"
 #include "layers/conv2d.h"
-#include "kernels/conv_options.h"
+#include "kernels/kernel_options.h"
 #include "layers/dense.h"
 #include "runtime/parallel.h"
 #include "tensor/rng.h"

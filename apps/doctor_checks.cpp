@@ -21,7 +21,7 @@
 #include "runtime/errors.h"
 #include "runtime/gpu_runtime.h"
 #include "layers/conv2d.h"
-#include "kernels/conv_options.h"
+#include "kernels/kernel_options.h"
 #include "layers/dense.h"
 #include "runtime/parallel.h"
 #include "tensor/rng.h"
@@ -143,16 +143,19 @@ void smoke(Report& rep, const std::string& what, Layer& layer, const Tensor& x, 
 }  // namespace
 
 void smoke_tests(Report& rep, bool gpu) {
-  conv_options().fma_math_only = true;  // compare FP32 with FP32, not TF32
+  KernelOptions fp32;
+  fp32.fma_math_only = true;  // compare FP32 with FP32, not TF32
   Rng rng(7);
   {
     Dense dense(256, 128, Activation::kRelu, rng);
+    dense.set_kernel_options(fp32);
     const Tensor x = random_tensor(Shape{16, 256}, rng), dy = random_tensor(Shape{16, 128}, rng);
     const auto ref = dense_ref(x, dense.parameters()[0]->value, dense.parameters()[1]->value);
     smoke(rep, "GEMM (Dense 256->128, batch 16)", dense, x, dy, ref, gpu);
   }
   {
     Conv2D conv(8, 32, 3, Activation::kRelu, rng);
+    conv.set_kernel_options(fp32);
     const Tensor x = random_tensor(Shape{4, 14, 14, 8}, rng), dy = random_tensor(Shape{4, 12, 12, 32}, rng);
     const auto ref = conv_ref(x, conv.parameters()[0]->value, conv.parameters()[1]->value);
     smoke(rep, "convolution (Conv2D 8->32, 3x3, batch 4)", conv, x, dy, ref, gpu);

@@ -21,7 +21,7 @@
 #include "data/mnist.h"
 #include "runtime/errors.h"
 #include "runtime/gpu_runtime.h"
-#include "kernels/conv_options.h"
+#include "kernels/kernel_options.h"
 #include "train/sequential.h"
 #include "optim/adam.h"
 #include "optim/sgd.h"

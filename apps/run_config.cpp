@@ -22,7 +22,7 @@
 #include "runtime/device_allocator.h"
 #include "runtime/errors.h"
 #include "runtime/gpu_runtime.h"
-#include "kernels/conv_options.h"
+#include "kernels/kernel_options.h"
 #include "train/sequential.h"
 #include "optim/adam.h"
 #include "optim/sgd.h"
@@ -74,6 +74,11 @@ void define_flags(Flags& flags, Options& o) {
   flags.add_bool("no-graph", &o.no_graph, "GPU: run the step eagerly instead of replaying a CUDA graph");
   flags.add_bool("dense-grad", &o.dense_grad,
                  "CPU: multiply the zeros of the convolution's output gradient too, instead of skipping them");
+  flags.add_string("kernels", &o.kernels,
+                   "which rung of the kernel ladder runs the layers: naive (plain loops / one CUDA thread per "
+                   "output), library (im2col + Eigen / cuDNN + cuBLAS), tuned (CPU: our tiles), fused (GPU: not written "
+                   "yet); default: tuned on the CPU, library on the GPU (docs/gpu_vs_cpu.md)",
+                   {"default", "naive", "library", "tuned", "fused"});
   flags.add_string("conv-algo", &o.conv_algo, "GPU: cuDNN algorithm choice", {"find", "heuristic"});
   flags.add_int("workspace-mb", &o.workspace_mb, 0, 1 << 20, "GPU: cuDNN workspace limit in MiB");
   flags.add_bool("deterministic", &o.deterministic,
@@ -164,11 +169,21 @@ mf::Device choose_device(const Options& o, const Flags& flags) {
     throw std::invalid_argument(
         "--fp16 needs the GPU: the CPU path computes in FP32 (use --device gpu, or drop --fp16)");
   }
-  conv_options().find = o.conv_algo == "find";
-  conv_options().workspace_limit = static_cast<std::size_t>(o.workspace_mb) << 20;
-  conv_options().deterministic = o.deterministic;
-  if (o.dense_grad) conv_options().cpu_sparse_below = 0.0;
+  (void)kernel_options(o, device);  // a rung the device lacks fails here, before any data is read
   return device;
+}
+
+mf::KernelOptions kernel_options(const Options& o, mf::Device device) {
+  using namespace mf;
+  KernelOptions k;
+  if (o.kernels != "default" && !parse_rung(o.kernels, k.rung))
+    throw std::invalid_argument("--kernels " + o.kernels + ": not a rung (naive, library, tuned or fused)");
+  require_rung(k.rung, device, "--kernels " + o.kernels);
+  k.find = o.conv_algo == "find";
+  k.workspace_limit = static_cast<std::size_t>(o.workspace_mb) << 20;
+  k.deterministic = o.deterministic;
+  if (o.dense_grad) k.cpu_sparse_below = 0.0;
+  return k;
 }
 
 
@@ -214,6 +229,7 @@ mf::Sequential build_model(const Options& o, const mf::data::Mnist& mnist, mf::D
                                            mnist.train.num_classes);
   std::fputs(model.summary().c_str(), stdout);
   model.to(device);
+  model.set_kernel_options(kernel_options(o, device));
   if (o.fp16) model.set_compute_dtype(DType::kF16);
   std::unique_ptr<Optimizer> opt;
   if (o.optimizer == "adam") {

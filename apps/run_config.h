@@ -23,7 +23,8 @@ std::string lower(std::string s);
 
 // What the flags set, with their defaults.
 struct Options {
-  std::string device = "auto", data_dir, metrics_json, optimizer = "adam", pipeline = "auto", conv_algo = "find";
+  std::string device = "auto", data_dir, metrics_json, optimizer = "adam", pipeline = "auto", conv_algo = "find",
+              kernels = "default";
   std::string save, resume, plot;
   std::int64_t epochs = 5, batch_size = 64, seed = 0, threads = 0, gpu = 0, gpu_memory_limit_mb = 0,
                workspace_mb = 64, limit_train = 0;
@@ -67,6 +68,11 @@ RunData load_data(const Options& o);
 
 // The article's model for these images, its summary printed, on `device`, compiled with
 // the optimizer asked for.
+// The kernel options the flags ask for: --kernels, --conv-algo, --workspace-mb,
+// --deterministic, --dense-grad. Throws std::invalid_argument (one line) for a rung `device`
+// does not have.
+mf::KernelOptions kernel_options(const Options& o, mf::Device device);
+
 mf::Sequential build_model(const Options& o, const mf::data::Mnist& mnist, mf::Device device);
 
 // The flags --help marks "GPU:", given for a run on the CPU, which ignores them (and

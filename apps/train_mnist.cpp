@@ -35,7 +35,7 @@
 #include "runtime/device_allocator.h"
 #include "runtime/errors.h"
 #include "runtime/gpu_runtime.h"
-#include "kernels/conv_options.h"
+#include "kernels/kernel_options.h"
 #include "train/sequential.h"
 #include "optim/adam.h"
 #include "optim/sgd.h"
@@ -169,8 +169,8 @@ static int run_main(int argc, char** argv) {
     };
 
     const std::string hw = apps::hardware_description(device, static_cast<int>(o.gpu));
-    std::printf("Training on %s (%s), %s, batch %lld, %lld training / %lld validation images, %s\n",
-                device_name(device), hw.c_str(), o.fp16 ? "mixed precision fp16" : "fp32",
+    std::printf("Training on %s (%s), %s, %s kernels, batch %lld, %lld training / %lld validation images, %s\n",
+                device_name(device), hw.c_str(), o.fp16 ? "mixed precision fp16" : "fp32", rung_name(model.rung()),
                 static_cast<long long>(o.batch_size), static_cast<long long>(split.train.count),
                 static_cast<long long>(split.validation.count), model.optimizer()->describe().c_str());
     if (o.device == "auto" && device == Device::kCpu)  // why not the GPU: the article's first check

@@ -2,7 +2,7 @@
 // shapes and batch 64 and 1024, on the CPU (one thread, all threads) and the GPU (FP32, FP16):
 // where the time of a step goes (claim 2). And claim 8, "cuDNN autotuning picks faster
 // convolution algorithms": the two convolutions with their algorithms chosen by timing the
-// candidates (cudnnFind*, conv_options().find = true) against the heuristic's first choice
+// candidates (cudnnFind*, KernelOptions::find = true) against the heuristic's first choice
 // (cudnnGet*_v7, find = false).
 #include <chrono>
 #include <cstdint>
@@ -13,7 +13,7 @@
 
 #include "bench/bench_common.h"
 #include "layers/conv2d.h"
-#include "kernels/conv_options.h"
+#include "kernels/kernel_options.h"
 #include "layers/dense.h"
 #include "layers/maxpool2d.h"
 #include "layers/softmax_xent.h"
@@ -90,13 +90,11 @@ void set_work_counters(benchmark::State& state, const LayerCase& c, std::int64_t
 void BM_LayerCpu(benchmark::State& state, const LayerCase* c, std::int64_t batch, bool backward, int threads,
                  bool dense_grad) {
   use_threads(threads);
-  struct RestoreConvOptions {
-    ConvOptions saved = conv_options();
-    ~RestoreConvOptions() { conv_options() = saved; }
-  } restore;
-  if (dense_grad) conv_options().cpu_sparse_below = 0.0;
+  KernelOptions options;
+  if (dense_grad) options.cpu_sparse_below = 0.0;
   Rng rng(1);
   std::unique_ptr<Layer> layer = c->make(rng);
+  layer->set_kernel_options(options);
   layer->set_needs_input_grad(c->input_grad);
   const Tensor x = uniform_tensor(batched(c->sample, batch), -1.0f, 1.0f, 2);
   const Tensor y = layer->forward(x).clone();
@@ -131,18 +129,16 @@ double ms_since(Clock::time_point t0) { return std::chrono::duration<double, std
 constexpr int kInner = 20;
 #endif
 
-// find: -1 keeps conv_options() as it is (timed search, the default), 0 the heuristic, 1 timed.
+// find: -1 keeps KernelOptions' default (timed search), 0 the heuristic, 1 timed.
 void BM_LayerGpu(benchmark::State& state, const LayerCase* c, std::int64_t batch, bool backward, DType dtype,
                  int find) {
   MF_BENCH_REQUIRE_GPU(state);
 #if MF_WITH_CUDA
-  struct RestoreConvOptions {  // also when a call below throws
-    ConvOptions saved = conv_options();
-    ~RestoreConvOptions() { conv_options() = saved; }
-  } restore;
-  if (find >= 0) conv_options().find = find == 1;
+  KernelOptions options;
+  if (find >= 0) options.find = find == 1;
   Rng rng(1);
   std::unique_ptr<Layer> layer = c->make(rng);
+  layer->set_kernel_options(options);
   layer->set_needs_input_grad(c->input_grad);
   layer->to(Device::kGpu);
   if (dtype == DType::kF16) layer->set_compute_dtype(DType::kF16);

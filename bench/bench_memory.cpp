@@ -14,7 +14,7 @@
 #include "bench/bench_common.h"
 #include "runtime/device_allocator.h"
 #include "runtime/errors.h"
-#include "kernels/conv_options.h"
+#include "kernels/kernel_options.h"
 
 #if MF_WITH_CUDA
 #include "runtime/cuda_raii.h"
@@ -48,7 +48,7 @@ void BM_StepMemoryGpu(benchmark::State& state, std::int64_t batch, DType dtype) 
 #if MF_WITH_CUDA
   DeviceAllocator& a = DeviceAllocator::instance();
   a.release_cached();
-  GpuContext::current().workspace(conv_options().workspace_limit);
+  GpuContext::current().workspace(KernelOptions().workspace_limit);
   GpuStepRunner runner(batch, dtype);
   gpu_synchronize();
   const std::size_t base = a.in_use();

@@ -3,6 +3,7 @@
 #include <memory>
 
 #include "kernels/cpu/conv2d.h"
+#include "kernels/naive_index.h"
 #include "layers/layer.h"
 
 namespace mf {
@@ -28,6 +29,7 @@ class Conv2D final : public Layer {
   std::int64_t gpu_max_tensor_elements() const override { return kCudnnMaxElements; }  // cuDNN runs it
   void to(Device device) override;
   void set_compute_dtype(DType dtype) override;
+  void set_kernel_options(const KernelOptions& options) override;
 
   std::int64_t in_channels() const { return in_channels_; }
   std::int64_t filters() const { return filters_; }
@@ -45,6 +47,10 @@ class Conv2D final : public Layer {
 #endif
 
  private:
+  // The sizes the naive rung's loops and kernels index with (kernels/naive_index.h).
+  naive::Conv naive_sizes(const Tensor& x) const {
+    return naive::conv_sizes(x.dim(0), x.dim(1), x.dim(2), x.dim(3), k_, filters_);
+  }
   std::int64_t in_channels_, filters_, k_;
   Activation act_;
   Parameter weight_, bias_;

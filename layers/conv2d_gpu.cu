@@ -12,7 +12,7 @@
 
 #include <stdexcept>
 
-#include "kernels/conv_options.h"
+#include "kernels/kernel_options.h"
 #include "kernels/gpu/cudnn_conv.h"
 #include "kernels/gpu/launchers.h"
 #include "layers/conv2d.h"
@@ -29,6 +29,11 @@ void Conv2D::to(Device device) {
   gpu_.reset();  // descriptors and choices are per device; made again on first use
 }
 
+void Conv2D::set_kernel_options(const KernelOptions& options) {
+  Layer::set_kernel_options(options);
+  gpu_.reset();  // the algorithm choices depend on find, workspace_limit, deterministic
+}
+
 void Conv2D::set_compute_dtype(DType dtype) {
   Layer::set_compute_dtype(dtype);
   gpu_.reset();  // the choices depend on the data type
@@ -36,6 +41,7 @@ void Conv2D::set_compute_dtype(DType dtype) {
 
 std::string Conv2D::gpu_config() const {
   if (device_ != Device::kGpu) return "";
+  if (rung() == KernelRung::kNaive) return "naive kernels: one thread per output, global memory only";
   if (!gpu_) return "cuDNN, algorithms not chosen yet (no input seen)";
   return describe(*gpu_);
 }
@@ -44,11 +50,17 @@ void Conv2D::forward_gpu(const Tensor& x, Tensor& y) {
   GpuContext& ctx = GpuContext::current();
   const DType dtype = x.dtype();
   const bool half = dtype == DType::kF16;
+  if (rung() == KernelRung::kNaive) {
+    launch_conv_forward_naive(naive_sizes(x), x.raw(), half ? weight_.half.raw() : weight_.value.raw(),
+                              half ? bias_.half.raw() : bias_.value.raw(), act_ == Activation::kRelu, y.raw(), half,
+                              ctx.stream());
+    return;
+  }
   if (!gpu_ || gpu_->dtype != dtype) gpu_.reset(new ConvGpuState(dtype, in_channels_, filters_, k_, label()));
-  ConvPlan& p = conv_plan(*gpu_, x, y, conv_options());
+  ConvPlan& p = conv_plan(*gpu_, x, y, kernels_);
   const void* weight = half ? weight_.half.raw() : weight_.value.raw();
   const void* bias = half ? bias_.half.raw() : bias_.value.raw();
-  conv_forward(*gpu_, p, x, weight, weight_.value, y, conv_options());
+  conv_forward(*gpu_, p, x, weight, weight_.value, y, kernels_);
   launch_bias_act_forward(y.raw(), bias, half, y.numel(), filters_, act_ == Activation::kRelu, ctx.stream());
 }
 
@@ -56,6 +68,13 @@ void Conv2D::backward_gpu(const Tensor& dy, Tensor& dx) {
   GpuContext& ctx = GpuContext::current();
   const DType dtype = x_.dtype();
   const bool half = dtype == DType::kF16;
+  if (rung() == KernelRung::kNaive) {
+    launch_conv_backward_naive(naive_sizes(x_), x_.raw(), y_.raw(), dy.raw(),
+                               half ? weight_.half.raw() : weight_.value.raw(), act_ == Activation::kRelu,
+                               weight_.grad.raw(), bias_.grad.raw(), dx.defined() ? dx.raw() : nullptr, half,
+                               ctx.stream());
+    return;
+  }
   if (!gpu_) throw std::logic_error("Conv2D: GPU backward without a GPU forward");
   ConvGpuState& st = *gpu_;
   const auto it = st.plans.find(std::make_tuple(x_.dim(0), x_.dim(1), x_.dim(2), dtype));
@@ -68,7 +87,7 @@ void Conv2D::backward_gpu(const Tensor& dy, Tensor& dx) {
                            ctx.reduction_scratch(reduction_scratch_bytes()), half, rows, filters_,
                            act_ == Activation::kRelu, ctx.stream());
   const void* weight = half ? weight_.half.raw() : weight_.value.raw();
-  conv_backward(st, it->second, x_, weight, weight_.value, weight_.grad, dx, conv_options());
+  conv_backward(st, it->second, x_, weight, weight_.value, weight_.grad, dx, kernels_);
 }
 
 }  // namespace mf

@@ -5,6 +5,7 @@
 
 #include "kernels/cpu/conv2d_cpu_kernels.h"
 #include "kernels/cpu/eigen_util.h"
+#include "kernels/cpu/naive.h"
 #include "runtime/parallel.h"
 #include "tensor/rng.h"
 
@@ -43,14 +44,23 @@ std::int64_t row_grain(std::int64_t work_per_row) {
 }
 }  // namespace
 
-// With units a multiple of the vector width the dense layer runs on the convolution's register-tiled
-// kernels (conv2d_cpu_kernels.h): it is a 1x1 convolution of a 1x1 "image" with `in`
-// channels, and the (in, units) kernel is already the transposed layout those tiles read.
-// Other sizes (the 10-way output layer) use Eigen.
+// The rungs: naive runs the loops of kernels/cpu/naive.h; library runs Eigen's GEMMs for
+// every size. Tuned (the default): with units a multiple of the vector width the dense layer
+// runs on the convolution's register-tiled kernels (conv2d_cpu_kernels.h): it is a 1x1
+// convolution of a 1x1 "image" with `in` channels, and the (in, units) kernel is already the
+// transposed layout those tiles read. Other sizes (the 10-way output layer) use Eigen.
 void Dense::forward_cpu(const Tensor& x, Tensor& y) {
   const std::int64_t n = x.dim(0);
-  cpu_forward_ = units_ % cpu::kLanes == 0 ? "register tiles" : "Eigen GEMM";
-  if (units_ % cpu::kLanes == 0) {
+  const KernelRung r = rung();
+  if (r == KernelRung::kNaive) {
+    cpu_forward_ = "naive loops";
+    cpu::dense_forward_naive(naive::Dense{n, in_, units_}, x.data<float>(), weight_.value.data<float>(),
+                             bias_.value.data<float>(), act_ == Activation::kRelu, y.data<float>());
+    return;
+  }
+  const bool tiled = r == KernelRung::kTuned && units_ % cpu::kLanes == 0;
+  cpu_forward_ = tiled ? "register tiles" : "Eigen GEMM";
+  if (tiled) {
     cpu::conv_forward(n, 1, 1, in_, 1, x.data<float>(), weight_.value.data<float>(), units_,
                       bias_.value.data<float>(), act_ == Activation::kRelu, y.data<float>());
     return;
@@ -70,6 +80,14 @@ void Dense::forward_cpu(const Tensor& x, Tensor& y) {
 
 void Dense::backward_cpu(const Tensor& dy, Tensor& dx) {
   const std::int64_t n = x_.dim(0);
+  const KernelRung r = rung();
+  if (r == KernelRung::kNaive) {
+    cpu_backward_ = "naive loops";
+    cpu::dense_backward_naive(naive::Dense{n, in_, units_}, x_.data<float>(), y_.data<float>(), dy.data<float>(),
+                              weight_.value.data<float>(), act_ == Activation::kRelu, weight_.grad.data<float>(),
+                              bias_.grad.data<float>(), dx.defined() ? dx.data<float>() : nullptr);
+    return;
+  }
   ensure(dz_, dy.shape(), DType::kF32, Device::kCpu);
   MatView dz = mat(dz_.data<float>(), n, units_);
   const ConstMatView dyv = cmat(dy.data<float>(), n, units_);
@@ -82,7 +100,7 @@ void Dense::backward_cpu(const Tensor& dy, Tensor& dx) {
   const ConstMatView w = cmat(weight_.value.data<float>(), in_, units_);
   float* dwp = weight_.grad.data<float>();
   float* dxp = dx.defined() ? dx.data<float>() : nullptr;
-  const bool tiled = units_ % cpu::kLanes == 0 && in_ % cpu::kLanes == 0;
+  const bool tiled = r == KernelRung::kTuned && units_ % cpu::kLanes == 0 && in_ % cpu::kLanes == 0;
   cpu_backward_ = tiled ? "register tiles" : "Eigen GEMM";
   if (tiled) return backward_tiled(dx);
   // Threads split dW by its rows (input features) and dx by its rows (samples): no two

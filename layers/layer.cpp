@@ -70,6 +70,7 @@ const Tensor& Layer::forward(const Tensor& x) {
     throw std::invalid_argument(label() + ": the input is this layer's own output buffer, which this forward would "
                                          "overwrite; pass a copy (clone())");
   const Shape out = output_shape(x.shape());
+  require_rung(kernels_.rung, device_, label());
   if (device_ == Device::kGpu) check_gpu_batch(x.shape());
   if (!output_is_view()) ensure(y_, out, x.dtype(), x.device());
   // An empty output (a batch of 0) has nothing to compute; cuDNN refuses tensors with a
@@ -161,13 +162,4 @@ void glorot_uniform(Tensor& w, std::int64_t fan_in, std::int64_t fan_out, Rng& r
   for (std::int64_t i = 0; i < w.numel(); ++i) p[i] = rng.uniform(-limit, limit);
 }
 
-}  // namespace mf
-
-#include "kernels/conv_options.h"
-
-namespace mf {
-ConvOptions& conv_options() {
-  static ConvOptions options;
-  return options;
-}
 }  // namespace mf

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/kernel_options.h"
 #include "tensor/tensor.h"
 
 namespace mf {
@@ -61,6 +62,14 @@ class Layer {
   // gradients into Parameter::grad (the optimizer zeroes them). Returns an undefined
   // tensor when input gradients are switched off (the first layer needs none).
   const Tensor& backward(const Tensor& dy);
+
+  // How this layer computes: the rung of the kernel ladder and the convolution settings
+  // (kernels/kernel_options.h). Network::set_kernel_options() sets every layer's. A rung the
+  // layer's device lacks makes forward() throw std::invalid_argument naming it.
+  virtual void set_kernel_options(const KernelOptions& options) { kernels_ = options; }
+  const KernelOptions& kernel_options() const { return kernels_; }
+  // The rung forward() and backward() run on the layer's device now.
+  KernelRung rung() const { return resolve_rung(kernels_.rung, device_); }
 
   void set_training(bool training) { training_ = training; }
   bool training() const { return training_; }
@@ -124,6 +133,7 @@ class Layer {
   bool forward_done_ = false;
   Device device_ = Device::kCpu;
   DType compute_dtype_ = DType::kF32;
+  KernelOptions kernels_;
   std::string name_;
 };
 

@@ -74,6 +74,7 @@ Layer& Network::add(std::unique_ptr<Layer> layer) {
   }
   layer->to(device_);
   if (compute_dtype_ != DType::kF32) layer->set_compute_dtype(compute_dtype_);
+  layer->set_kernel_options(kernels_);
   layer->set_needs_input_grad(!layers_.empty());  // nothing upstream of the first layer
   layers_.push_back(std::move(layer));
   return *layers_.back();
@@ -195,6 +196,12 @@ std::string Network::summary() const {
   os << "Trainable params: " << with_commas(total) << "\n";
   os << "Non-trainable params: 0\n" << rule << "\n";
   return os.str();
+}
+
+void Network::set_kernel_options(const KernelOptions& options) {
+  kernels_ = options;
+  for (auto& l : layers_) l->set_kernel_options(options);
+  device_or_dtype_changed();  // a captured step holds the old rung's kernels
 }
 
 void Network::to(Device device) {

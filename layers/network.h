@@ -73,6 +73,13 @@ class Network {
   // calls it first, so weights loaded with value.copy_from() are the ones used. Nothing to
   // do in FP32.
   void refresh_half_weights();
+  // How every layer computes (kernels/kernel_options.h): the rung of the kernel ladder and
+  // the convolutions' settings. Layers added later get these too. May change between fits:
+  // what a trainer captured for the old ones is dropped.
+  void set_kernel_options(const KernelOptions& options);
+  const KernelOptions& kernel_options() const { return kernels_; }
+  // The rung the layers run on the model's device now (kDefault resolved).
+  KernelRung rung() const { return resolve_rung(kernels_.rung, device_); }
   void set_training(bool training);
 
   // Logits for a batch x (N, H, W, C) on the model's device; the buffer is the last
@@ -103,6 +110,7 @@ class Network {
   Shape input_shape_;
   Device device_ = Device::kCpu;
   DType compute_dtype_ = DType::kF32;
+  KernelOptions kernels_;
 };
 
 // Adds the article's model (section 3.3) for (H, W, C) inputs and `classes` outputs to an

@@ -12,6 +12,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "tensor/half.h"
+
 namespace mf::testing {
 
 TempDir::TempDir(const std::string& tag) {
@@ -91,6 +93,11 @@ Tensor uniform(const Shape& shape, float lo, float hi, Rng& rng) {
   float* p = t.data<float>();
   for (std::int64_t i = 0; i < t.numel(); ++i) p[i] = rng.uniform(lo, hi);
   return t;
+}
+
+void round_to_half(Tensor& t) {
+  float* p = t.data<float>();
+  for (std::int64_t i = 0; i < t.numel(); ++i) p[i] = mf::round_to_half(p[i]);
 }
 
 Tensor spaced(const Shape& shape, float gap, Rng& rng) {

@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "runtime/gpu_runtime.h"
-#include "kernels/conv_options.h"
+#include "kernels/kernel_options.h"
 #include "tensor/rng.h"
 #include "tensor/tensor.h"
 
@@ -27,19 +27,6 @@ inline void PrintTo(const Shape& s, std::ostream* os) { *os << s.str(); }
 }  // namespace mf
 
 namespace mf::testing {
-
-// Puts mf::conv_options() (one process-wide setting) back as it was when the scope ends; the
-// test sets its fields meanwhile.
-class ConvOptionsScope {
- public:
-  ConvOptionsScope() : saved_(conv_options()) {}
-  ~ConvOptionsScope() { conv_options() = saved_; }
-  ConvOptionsScope(const ConvOptionsScope&) = delete;
-  ConvOptionsScope& operator=(const ConvOptionsScope&) = delete;
-
- private:
-  ConvOptions saved_;
-};
 
 // A fresh folder under the system's temp folder, named after the running test (plus `tag`)
 // and this process, removed with everything in it when the object goes.
@@ -108,6 +95,9 @@ double nmse(const Tensor& a, const std::vector<double>& ref);
 
 std::vector<double> to_double(const Tensor& t);
 Tensor uniform(const Shape& shape, float lo, float hi, Rng& rng);
+// Each value of a host f32 tensor rounded to the nearest f16 (in place): inputs that an FP16
+// layer sees exactly as the FP32 reference does.
+void round_to_half(Tensor& t);
 // Values whose neighbours differ by at least `gap` (no max-pool ties, no values near
 // ReLU's kink when offset away from zero): a random permutation of a spaced grid.
 Tensor spaced(const Shape& shape, float gap, Rng& rng);

@@ -25,7 +25,7 @@ cudnnDataType_t cudnn_type(DType t) { return t == DType::kF16 ? CUDNN_DATA_HALF 
 
 // The math mode the descriptors start with: f16 -> Tensor Cores; f32 -> cuDNN's default
 // (which may use TF32), or plain FMA when the tests ask for bit-honest FP32.
-cudnnMathType_t requested_math(DType dtype, const ConvOptions& o) {
+cudnnMathType_t requested_math(DType dtype, const KernelOptions& o) {
   if (dtype == DType::kF16) return CUDNN_TENSOR_OP_MATH;
   return o.fma_math_only ? CUDNN_FMA_MATH : CUDNN_DEFAULT_MATH;
 }
@@ -37,7 +37,7 @@ std::string shape_text(std::int64_t n, std::int64_t h, std::int64_t w, std::int6
          std::to_string(w) + ", " + std::to_string(c) + ")";
 }
 
-ConvDesc make_conv(DType dtype, const ConvOptions& o) {
+ConvDesc make_conv(DType dtype, const KernelOptions& o) {
   ConvDesc d = make_conv_desc();
   // pad 0, stride 1, dilation 1 ("valid"); cross-correlation is what Keras (and the CPU
   // path) call convolution. Accumulation in f32 for both storage types.
@@ -49,7 +49,7 @@ ConvDesc make_conv(DType dtype, const ConvOptions& o) {
 // The workspace the algorithm search may use: the limit or, when the device cannot give
 // that much (under --gpu-memory-limit), the size it had before, which the algorithms other
 // layers already chose need (a failed growth may have released it, so it is asked for again).
-std::pair<void*, std::size_t> search_workspace(GpuContext& ctx, const ConvOptions& o) {
+std::pair<void*, std::size_t> search_workspace(GpuContext& ctx, const KernelOptions& o) {
   const std::size_t limit = o.workspace_limit, before = ctx.workspace_size();
   try {
     return {ctx.workspace(limit), limit};
@@ -69,7 +69,7 @@ std::pair<void*, std::size_t> search_workspace(GpuContext& ctx, const ConvOption
 // out-of-memory error, when that is why).
 template <class Perf, class Choice, class SizeFn>
 bool choose(const std::vector<Perf>& perf, int count, bool fma_only, cudnnConvolutionDescriptor_t conv,
-            SizeFn workspace_size, Choice& choice, GpuContext& ctx, const ConvOptions& o) {
+            SizeFn workspace_size, Choice& choice, GpuContext& ctx, const KernelOptions& o) {
   const std::size_t limit = o.workspace_limit;
   const bool deterministic = o.deterministic;
   std::exception_ptr out_of_memory;
@@ -107,7 +107,7 @@ bool choose(const std::vector<Perf>& perf, int count, bool fma_only, cudnnConvol
   return false;
 }
 
-[[noreturn]] void no_algorithm(const char* direction, const std::string& shape, const ConvOptions& o) {
+[[noreturn]] void no_algorithm(const char* direction, const std::string& shape, const KernelOptions& o) {
   throw GpuError("cuDNN offers no " + std::string(direction) + (o.deterministic ? " deterministic" : "") +
                      " algorithm it can run for Conv2D input " + shape + " within the workspace limit of " +
                      format_bytes(o.workspace_limit) + " (--workspace-mb)",
@@ -159,7 +159,7 @@ ConvGpuState::ConvGpuState(DType dtype_, std::int64_t c_, std::int64_t k_, std::
                                           as_int(r), as_int(r)));
 }
 
-ConvPlan& conv_plan(ConvGpuState& st, const Tensor& x, const Tensor& y, const ConvOptions& o) {
+ConvPlan& conv_plan(ConvGpuState& st, const Tensor& x, const Tensor& y, const KernelOptions& o) {
   const DType dtype = x.dtype();
   const std::int64_t n = x.dim(0), h = x.dim(1), w = x.dim(2);
   const auto key = std::make_tuple(n, h, w, dtype);
@@ -185,7 +185,7 @@ ConvPlan& conv_plan(ConvGpuState& st, const Tensor& x, const Tensor& y, const Co
 }
 
 void conv_forward(ConvGpuState& st, ConvPlan& p, const Tensor& x, const void* weight, const Tensor& master, Tensor& y,
-                  const ConvOptions& o) {
+                  const KernelOptions& o) {
   GpuContext& ctx = GpuContext::current();
   const DType dtype = x.dtype();
   const bool half = dtype == DType::kF16;
@@ -244,7 +244,7 @@ void conv_forward(ConvGpuState& st, ConvPlan& p, const Tensor& x, const void* we
 }
 
 void conv_backward(ConvGpuState& st, ConvPlan& p, const Tensor& x, const void* weight, const Tensor& master,
-                   Tensor& grad, Tensor& dx, const ConvOptions& o) {
+                   Tensor& grad, Tensor& dx, const KernelOptions& o) {
   GpuContext& ctx = GpuContext::current();
   const DType dtype = x.dtype();
   const bool half = dtype == DType::kF16;

@@ -30,7 +30,7 @@
 #include <string>
 #include <tuple>
 
-#include "kernels/conv_options.h"
+#include "kernels/kernel_options.h"
 #include "runtime/cuda_raii.h"
 #include "tensor/tensor.h"
 
@@ -91,18 +91,18 @@ struct ConvGpuState {
 
 // The plan for input x (N, H, W, C) with output y: made on first sight of that shape (never
 // during a graph capture: std::logic_error), with its algorithms still to choose.
-ConvPlan& conv_plan(ConvGpuState& st, const Tensor& x, const Tensor& y, const ConvOptions& o);
+ConvPlan& conv_plan(ConvGpuState& st, const Tensor& x, const Tensor& y, const KernelOptions& o);
 
 // y = conv(x, w): `weight` is the layer's kernel in x's dtype, `master` its f32 values (the
 // f32 fallback's weights). Chooses the forward algorithm on the first call for the plan.
 void conv_forward(ConvGpuState& st, ConvPlan& p, const Tensor& x, const void* weight, const Tensor& master, Tensor& y,
-                  const ConvOptions& o);
+                  const KernelOptions& o);
 
 // The two gradients from dz (st.dz, the ReLU-masked output gradient): dw += conv_filter(x,
 // dz) into `grad`, and, when dx is defined, dx = conv_data(w, dz). Chooses the backward
 // algorithms on the first call for the plan.
 void conv_backward(ConvGpuState& st, ConvPlan& p, const Tensor& x, const void* weight, const Tensor& master,
-                   Tensor& grad, Tensor& dx, const ConvOptions& o);
+                   Tensor& grad, Tensor& dx, const KernelOptions& o);
 
 // "cuDNN NHWC f32: fwd IMPLICIT_GEMM (FMA), bwd-data ..., bwd-filter ...; workspace 1.2 MiB;
 // timed for batch 64", for --verbose.

@@ -9,6 +9,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "kernels/naive_index.h"
 #include "runtime/gpu_runtime.h"
 #include "tensor/cast.h"
 #include "tensor/half.h"
@@ -24,6 +25,19 @@ void launch_bias_act_forward(void* y, const void* bias, bool half, std::int64_t 
 // bits at every run). y unused when !relu. `scratch`: see reduction scratch, below.
 void launch_bias_act_backward(const void* y, const void* dy, void* dz, void* db, void* scratch, bool half,
                               std::int64_t rows, std::int64_t channels, bool relu, GpuStream stream);
+
+// ---- the naive rung (naive.cu): one thread per output element, global memory only ----
+// The loops of kernels/cpu/naive.h as grids, f32 or f16 storage (`half`), f32 sums. The
+// forward adds the bias and applies ReLU itself; the backward masks dy by ReLU where y was
+// not positive, accumulates dw and db (f16 when half), and overwrites dx unless it is null.
+void launch_conv_forward_naive(const naive::Conv& g, const void* x, const void* w, const void* b, bool relu, void* y,
+                               bool half, GpuStream stream);
+void launch_conv_backward_naive(const naive::Conv& g, const void* x, const void* y, const void* dy, const void* w,
+                                bool relu, void* dw, void* db, void* dx, bool half, GpuStream stream);
+void launch_dense_forward_naive(const naive::Dense& g, const void* x, const void* w, const void* b, bool relu,
+                                void* y, bool half, GpuStream stream);
+void launch_dense_backward_naive(const naive::Dense& g, const void* x, const void* y, const void* dy, const void* w,
+                                 bool relu, void* dw, void* db, void* dx, bool half, GpuStream stream);
 
 // ---- 2x2 / stride 2 max pooling, NHWC, floor ----
 // y: (N, H/2, W/2, C); argmax: u8 0..3 = position of the winner (first on ties).

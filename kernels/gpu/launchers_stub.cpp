@@ -19,6 +19,22 @@ void launch_bias_act_backward(const void*, const void*, void*, void*, void*, boo
                               bool, GpuStream) {
   no_gpu("bias_act_backward");
 }
+void launch_conv_forward_naive(const naive::Conv&, const void*, const void*, const void*, bool, void*, bool,
+                               GpuStream) {
+  no_gpu("conv_forward_naive");
+}
+void launch_conv_backward_naive(const naive::Conv&, const void*, const void*, const void*, const void*, bool, void*,
+                                void*, void*, bool, GpuStream) {
+  no_gpu("conv_backward_naive");
+}
+void launch_dense_forward_naive(const naive::Dense&, const void*, const void*, const void*, bool, void*, bool,
+                                GpuStream) {
+  no_gpu("dense_forward_naive");
+}
+void launch_dense_backward_naive(const naive::Dense&, const void*, const void*, const void*, const void*, bool,
+                                 void*, void*, void*, bool, GpuStream) {
+  no_gpu("dense_backward_naive");
+}
 void launch_maxpool2x2_forward(const void*, void*, std::uint8_t*, bool, std::int64_t, std::int64_t, std::int64_t,
                                std::int64_t, GpuStream) {
   no_gpu("maxpool2x2_forward");

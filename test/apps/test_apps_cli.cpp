@@ -543,6 +543,32 @@ TEST(TrainMnistCli, OneThreadIsCountedInTheSingular) {
   EXPECT_NE(io::read_file_bytes(dir.file("m.json")).find(", 1 thread\""), std::string::npos);
 }
 
+// --kernels picks the rung of the kernel ladder: the run says which ran, on its Training line
+// and in the metrics; --help lists the rungs; a rung the device lacks, or no rung at all,
+// is one line.
+TEST(TrainMnistCli, KernelsFlagPicksTheRung) {
+  TempDir dir;
+  write_tiny_mnist(dir);
+  for (const char* rung : {"naive", "library", "tuned"}) {
+    SCOPED_TRACE(rung);
+    const std::string json = dir.file(std::string(rung) + ".json");
+    const RunResult r = run_program(MF_TRAIN_MNIST_BIN,
+                                    "--device cpu --quiet --epochs 1 --kernels " + std::string(rung) + " --data " +
+                                        sh_quote(dir.file("")) + " --metrics-json " + sh_quote(json),
+                                    dir);
+    ASSERT_EQ(r.status, 0) << r.err;
+    EXPECT_NE(r.out.find(std::string("fp32, ") + rung + " kernels, batch 64"), std::string::npos) << r.out;
+    EXPECT_NE(read_whole_file(json).find(std::string("\"kernels\": \"") + rung + "\""), std::string::npos);
+  }
+  const RunResult plain = run_program(MF_TRAIN_MNIST_BIN, "--device cpu --quiet --epochs 1 --data " + sh_quote(dir.file("")), dir);
+  EXPECT_NE(plain.out.find("fp32, tuned kernels"), std::string::npos) << plain.out;  // the CPU's default
+  const RunResult help = run_program(MF_TRAIN_MNIST_BIN, "--help", dir);
+  EXPECT_NE(help.out.find("--kernels"), std::string::npos) << help.out;
+  EXPECT_NE(help.out.find("(default|naive|library|tuned|fused)"), std::string::npos) << help.out;
+  expect_one_line_error("--device cpu --kernels fused", "--kernels fused: the rung 'fused' is the GPU's", kError);
+  expect_one_line_error("--kernels fast", "--kernels must be one of default, naive, library, tuned, fused", kBadFlag);
+}
+
 TEST(TrainMnistCli, BadOutputAndCheckpointPathsGiveOneLine) {
   expect_one_line_error("--save /nonexistent/dir/run.ckpt", "--save /nonexistent/dir/run.ckpt: folder", kError);
   expect_one_line_error("--plot /nonexistent/dir/p.png", "--plot /nonexistent/dir/p.png: folder", kError);

@@ -41,10 +41,11 @@ mf::data::Dataset noise_images(std::int64_t count, std::uint64_t seed) {
 // per-image partials in a varying order, as the real ALGO_0 and ALGO_3 do with atomics).
 std::vector<double> trained_weights(bool use_graph, const mf::data::Dataset& train, std::string* info,
                                     bool deterministic = true) {
-  mf::testing::ConvOptionsScope keep;
-  mf::conv_options().deterministic = deterministic;
+  mf::KernelOptions options;
+  options.deterministic = deterministic;
   mf::Rng rng(3);
   Sequential m = Sequential::mnist_cnn(rng);
+  m.set_kernel_options(options);
   m.to(mf::Device::kGpu);
   m.compile(std::make_unique<mf::Adam>());
   mf::FitOptions o;

@@ -16,7 +16,7 @@
 
 #include "layers/conv2d.h"
 #include "kernels/cpu/conv2d_cpu_kernels.h"
-#include "kernels/conv_options.h"
+#include "kernels/kernel_options.h"
 #include "layers/dense.h"
 #include "layers/flatten.h"
 #include "layers/maxpool2d.h"
@@ -169,12 +169,13 @@ struct ConvCase {
   double dy_zeros = 0;     // fraction of dy's entries set to zero, as ReLU and max-pooling leave it
 };
 
-// Sets conv_options().cpu_sparse_below for one scope: 2 makes the CPU backward take its
+// The tuned rung's options with cpu_sparse_below = v: 2 makes the CPU backward take its
 // sparse kernels wherever they apply, 0 never.
-class SparseBelow : mf::testing::ConvOptionsScope {
- public:
-  explicit SparseBelow(double v) { mf::conv_options().cpu_sparse_below = v; }
-};
+mf::KernelOptions sparse_below(double v) {
+  mf::KernelOptions k;
+  k.cpu_sparse_below = v;
+  return k;
+}
 
 // dy with about `zeros` of its entries zero, and its last output row entirely zero (the row
 // a 2x2 pooling of an odd height drops).
@@ -189,15 +190,16 @@ Tensor sparse_gradient(const Shape& shape, double zeros, mf::Rng& rng) {
   return dy;
 }
 
-void check_conv(const ConvCase& cc, std::uint64_t seed) {
+void check_conv(const ConvCase& cc, std::uint64_t seed, const mf::KernelOptions& options = {}) {
   SCOPED_TRACE("Conv2D N=" + std::to_string(cc.n) + " " + std::to_string(cc.h) + "x" + std::to_string(cc.w) +
                " C=" + std::to_string(cc.c) + " K=" + std::to_string(cc.filters) + " k=" + std::to_string(cc.k) +
                (cc.relu ? " relu" : " linear") + (cc.input_grad ? "" : " no dx") +
                " dy zeros=" + std::to_string(cc.dy_zeros) +
-               " sparse below=" + std::to_string(mf::conv_options().cpu_sparse_below) +
+               " sparse below=" + std::to_string(options.cpu_sparse_below) +
                " threads=" + std::to_string(mf::num_threads()));
   mf::Rng rng(seed);
   mf::Conv2D conv(cc.c, cc.filters, cc.k, cc.relu ? Activation::kRelu : Activation::kNone, rng);
+  conv.set_kernel_options(options);
   conv.set_needs_input_grad(cc.input_grad);
   // a non-zero bias, so that adding it (and ReLU cutting below it) is tested
   conv.bias().value.copy_from(uniform({cc.filters}, -0.3f, 0.3f, rng));
@@ -290,15 +292,15 @@ TEST_P(LayerCpu, Conv2dEveryCpuPath) {
 // gradients, for comparison.
 TEST_P(LayerCpu, Conv2dSparseGradients) {
   for (const double below : {2.0, 0.0}) {
-    SparseBelow sparse(below);
-    check_conv({3, 13, 13, 32, 64, 3, true, true, 0.8}, 40);   // the model's conv2d_1
-    check_conv({2, 13, 13, 32, 64, 3, true, false, 0.8}, 41);  // ... without dx
-    check_conv({2, 8, 9, 16, 16, 3, false, true, 0.75}, 42);   // run 48, 16 filters
-    check_conv({2, 6, 7, 64, 32, 3, true, true, 0.9}, 43);     // run 192
-    check_conv({3, 13, 13, 32, 64, 3, true, true, 0.0}, 44);   // dense dy
-    check_conv({2, 7, 7, 16, 32, 3, false, true, 1.0}, 45);    // nothing nonzero
-    check_conv({2, 9, 9, 8, 48, 5, true, true, 0.8}, 46);      // k*C = 40: not sparse
-    check_conv({1, 13, 13, 32, 64, 3, true, true, 0.8}, 49);   // one image: a thread without any
+    const mf::KernelOptions sparse = sparse_below(below);
+    check_conv({3, 13, 13, 32, 64, 3, true, true, 0.8}, 40, sparse);   // the model's conv2d_1
+    check_conv({2, 13, 13, 32, 64, 3, true, false, 0.8}, 41, sparse);  // ... without dx
+    check_conv({2, 8, 9, 16, 16, 3, false, true, 0.75}, 42, sparse);   // run 48, 16 filters
+    check_conv({2, 6, 7, 64, 32, 3, true, true, 0.9}, 43, sparse);     // run 192
+    check_conv({3, 13, 13, 32, 64, 3, true, true, 0.0}, 44, sparse);   // dense dy
+    check_conv({2, 7, 7, 16, 32, 3, false, true, 1.0}, 45, sparse);    // nothing nonzero
+    check_conv({2, 9, 9, 8, 48, 5, true, true, 0.8}, 46, sparse);      // k*C = 40: not sparse
+    check_conv({1, 13, 13, 32, 64, 3, true, true, 0.8}, 49, sparse);   // one image: a thread without any
   }
 }
 
@@ -307,9 +309,9 @@ TEST_P(LayerCpu, Conv2dSparseGradients) {
 TEST_P(LayerCpu, Conv2dSparseAndDenseKernelsAgree) {
   Tensor dx[2], dw[2];
   for (int i = 0; i < 2; ++i) {
-    SparseBelow sparse(i == 0 ? 2.0 : 0.0);
     mf::Rng rng(47);
     mf::Conv2D conv(32, 64, 3, Activation::kRelu, rng);
+    conv.set_kernel_options(sparse_below(i == 0 ? 2.0 : 0.0));
     const Tensor x = uniform({4, 13, 13, 32}, -1, 1, rng);
     conv.forward(x);
     dx[i] = conv.backward(sparse_gradient({4, 11, 11, 64}, 0.8, rng)).clone();
@@ -373,9 +375,9 @@ TEST(CpuKernels, PackNonzerosListsEachNonzeroEntryOnce) {
 
 // NaN and inf in a sparse gradient reach the weight and data gradients, as in the dense path.
 TEST_P(LayerCpu, Conv2dSparseGradientKeepsNonFiniteValues) {
-  SparseBelow sparse(2.0);
   mf::Rng rng(48);
   mf::Conv2D conv(32, 64, 3, Activation::kNone, rng);
+  conv.set_kernel_options(sparse_below(2.0));
   conv.forward(uniform({2, 5, 5, 32}, -1, 1, rng));
   Tensor dy = Tensor::zeros({2, 3, 3, 64});
   dy.data<float>()[64 * 4 + 5] = std::numeric_limits<float>::quiet_NaN();

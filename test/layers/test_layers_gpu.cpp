@@ -13,7 +13,7 @@
 
 #include "runtime/gpu_runtime.h"
 #include "layers/conv2d.h"
-#include "kernels/conv_options.h"
+#include "kernels/kernel_options.h"
 #include "layers/dense.h"
 #include "layers/maxpool2d.h"
 #include "train/sequential.h"
@@ -60,15 +60,14 @@ constexpr double kFp16Nmse = 1e-5;
 // route a gradient the CPU did not (STYLE.md: keep inputs off ReLU's 0).
 constexpr float kFp32Kink = 1e-4f, kFp16Kink = 0.02f;
 
-// Conv tests run with FMA-only math (cuDNN would otherwise be free to use TF32 for FP32) and
-// cuDNN's timing search, the production setting; the previous options are restored.
-class ConvOptionsGuard : mf::testing::ConvOptionsScope {
- public:
-  explicit ConvOptionsGuard(bool find = true) {
-    mf::conv_options().fma_math_only = true;
-    mf::conv_options().find = find;
-  }
-};
+// The layers' options in these tests: FMA-only math (cuDNN and cuBLAS would otherwise be
+// free to use TF32 for FP32) and cuDNN's timing search, the production setting.
+mf::KernelOptions fp32_options(bool find = true) {
+  mf::KernelOptions k;
+  k.fma_math_only = true;
+  k.find = find;
+  return k;
+}
 
 // Device results to the host. Tensor::to() copies on the compute stream, after the layers'
 // work, and waits for it; the explicit synchronise only makes the order plain to read.
@@ -79,10 +78,7 @@ Tensor to_host(const Tensor& t) {
 Tensor to_gpu(const Tensor& host_f32, DType dtype) {
   return (dtype == DType::kF16 ? host_f32.to(DType::kF16) : host_f32).to(Device::kGpu);
 }
-void round_to_half(Tensor& t) {
-  float* p = t.data<float>();
-  for (std::int64_t i = 0; i < t.numel(); ++i) p[i] = mf::round_to_half(p[i]);
-}
+using mf::testing::round_to_half;
 std::vector<double> times(const Tensor& t, double k) {
   std::vector<double> v = mf::testing::to_double(t);
   for (double& e : v) e *= k;
@@ -129,10 +125,10 @@ void check_conv(const ConvCase& cc, DType dtype, std::uint64_t seed) {
   SCOPED_TRACE(std::string("Conv2D ") + mf::dtype_name(dtype) + " N=" + std::to_string(cc.n) + " " +
                std::to_string(cc.h) + "x" + std::to_string(cc.w) + " C=" + std::to_string(cc.c) +
                " K=" + std::to_string(cc.filters) + (cc.relu ? " relu" : " linear"));
-  ConvOptionsGuard options;
   constexpr std::int64_t k = 3;
   mf::Rng rng(seed);
   mf::Conv2D conv(cc.c, cc.filters, k, cc.relu ? Activation::kRelu : Activation::kNone, rng);
+  conv.set_kernel_options(fp32_options());
   conv.bias().value.copy_from(uniform({cc.filters}, -0.3f, 0.3f, rng));  // a bias to add (and cut below)
   Tensor x = uniform({cc.n, cc.h, cc.w, cc.c}, -1, 1, rng);
   Tensor dy = uniform({cc.n, cc.h - k + 1, cc.w - k + 1, cc.filters}, -1, 1, rng);
@@ -212,11 +208,11 @@ TEST(LayerGpu, Conv2dFp16ModelShapes) {
   check_conv({3, 13, 13, 32, 64, true}, DType::kF16, 8);
 }
 
-TEST(LayerGpu, Conv2dHeuristicAlgorithmsFp32) {  // conv_options().find = false: cudnnGet*_v7
+TEST(LayerGpu, Conv2dHeuristicAlgorithmsFp32) {  // KernelOptions::find = false: cudnnGet*_v7
   MF_SKIP_WITHOUT_GPU();
-  ConvOptionsGuard heuristics(/*find=*/false);
   mf::Rng rng(9);
   mf::Conv2D conv(32, 16, 3, Activation::kNone, rng);
+  conv.set_kernel_options(fp32_options(/*find=*/false));
   const Tensor x = uniform({3, 13, 11, 32}, -1, 1, rng);
   const Tensor y_ref = conv.forward(x).clone();
   conv.to(Device::kGpu);
@@ -226,9 +222,9 @@ TEST(LayerGpu, Conv2dHeuristicAlgorithmsFp32) {  // conv_options().find = false:
 
 TEST(LayerGpu, Conv2dWithoutInputGradientFp32) {  // the model's first layer: no dx, no bwd-data
   MF_SKIP_WITHOUT_GPU();
-  ConvOptionsGuard options;
   mf::Rng rng(10);
   mf::Conv2D conv(1, 32, 3, Activation::kNone, rng);
+  conv.set_kernel_options(fp32_options());
   conv.set_needs_input_grad(false);
   const Tensor x = uniform({2, 28, 28, 1}, 0, 1, rng), dy = uniform({2, 26, 26, 32}, -1, 1, rng);
   conv.forward(x);
@@ -248,9 +244,9 @@ TEST(LayerGpu, Conv2dWithoutInputGradientFp32) {  // the model's first layer: no
 
 TEST(LayerGpu, Conv2dEachBatchSizeGetsItsOwnAlgorithmsFp32) {  // the partial last batch
   MF_SKIP_WITHOUT_GPU();
-  ConvOptionsGuard options;
   mf::Rng rng(11);
   mf::Conv2D conv(8, 16, 3, Activation::kRelu, rng);
+  conv.set_kernel_options(fp32_options());
   const Tensor x4 = uniform({4, 12, 12, 8}, -1, 1, rng), x3 = uniform({3, 12, 12, 8}, -1, 1, rng);
   const Tensor y4 = conv.forward(x4).clone(), y3 = conv.forward(x3).clone();
   conv.to(Device::kGpu);
@@ -346,7 +342,6 @@ TEST(LayerGpu, MaxPoolInferenceLeavesTheTrainingBuffersAloneFp32) {
 // NaN, inf and 0 at every pixel, in both convolutions and the hidden dense layer of the model.
 TEST(LayerGpu, ReluPassesNanAsOnTheCpu) {
   MF_SKIP_WITHOUT_GPU();
-  ConvOptionsGuard options;
   for (DType dt : {DType::kF32, DType::kF16}) {
     SCOPED_TRACE(mf::dtype_name(dt));
     mf::Rng rng(82);
@@ -359,6 +354,7 @@ TEST(LayerGpu, ReluPassesNanAsOnTheCpu) {
     for (auto& [layer, x] : cases) {
       SCOPED_TRACE(layer->type());
       mf::testing::set_nonfinite_biases(layer->parameters()[1]->value);  // (kernel, bias)
+      layer->set_kernel_options(fp32_options());
       layer->to(Device::kGpu);
       if (dt == DType::kF16) layer->set_compute_dtype(DType::kF16);
       EXPECT_TRUE(mf::testing::relu_of_nonfinite_biases(to_host(layer->forward(to_gpu(x, dt)))));
@@ -372,9 +368,9 @@ void check_dense(std::int64_t n, std::int64_t in, std::int64_t units, bool relu,
   const bool half = dtype == DType::kF16;
   SCOPED_TRACE(std::string("Dense ") + mf::dtype_name(dtype) + " N=" + std::to_string(n) + " " + std::to_string(in) +
                "->" + std::to_string(units) + (relu ? " relu" : " linear"));
-  ConvOptionsGuard options;  // fma_math_only also selects CUBLAS_COMPUTE_32F_PEDANTIC
   mf::Rng rng(seed);
   mf::Dense dense(in, units, relu ? Activation::kRelu : Activation::kNone, rng);
+  dense.set_kernel_options(fp32_options());  // fma_math_only also selects CUBLAS_COMPUTE_32F_PEDANTIC
   dense.bias().value.copy_from(uniform({units}, -0.3f, 0.3f, rng));
   Tensor x = uniform({n, in}, -1, 1, rng), dy = uniform({n, units}, -1, 1, rng);
   if (half)
@@ -439,7 +435,6 @@ TEST(LayerGpu, DenseWithoutInputGradientFp32) {
 // convolution's tensor descriptors with a cryptic CUDNN_STATUS_BAD_PARAM.
 TEST(LayerGpu, EmptyBatchGivesEmptyResultsAndNoGradient) {
   MF_SKIP_WITHOUT_GPU();
-  ConvOptionsGuard guard;
   for (DType dtype : {DType::kF32, DType::kF16}) {
     mf::Rng rng(39);
     std::vector<std::unique_ptr<mf::Layer>> layers;
@@ -450,6 +445,7 @@ TEST(LayerGpu, EmptyBatchGivesEmptyResultsAndNoGradient) {
     for (std::size_t i = 0; i < layers.size(); ++i) {
       mf::Layer& layer = *layers[i];
       SCOPED_TRACE(layer.type() + " " + mf::dtype_name(dtype));
+      layer.set_kernel_options(fp32_options());
       layer.to(Device::kGpu);
       layer.set_compute_dtype(dtype);
       const Tensor& y = layer.forward(Tensor::zeros(inputs[i], dtype, Device::kGpu));

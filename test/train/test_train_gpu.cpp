@@ -20,7 +20,7 @@
 #include "runtime/errors.h"
 #include "runtime/gpu_runtime.h"
 #include "layers/conv2d.h"
-#include "kernels/conv_options.h"
+#include "kernels/kernel_options.h"
 #include "layers/dense.h"
 #include "train/sequential.h"
 #include "optim/adam.h"
@@ -55,19 +55,18 @@ constexpr Tol kSameStepsFp32{1e-5, 1e-4};
 // f16 ulp (5e-4 relative) in a gradient: ~1e-6 in a weight per step.
 constexpr Tol kSameStepsFp16{1e-4, 1e-3};
 
-// Keeps the convolution settings a test needs and restores the previous ones. Models that
-// are compared choose cuDNN algorithms by the heuristics (deterministic for a shape; timing
-// could pick different algorithms for two models) with FMA-only FP32 math, and only among
-// cuDNN's deterministic algorithms: a non-deterministic one (a weight gradient that sums
-// per-image partials with atomics) can give two identical models different bits.
-class ConvOptionsGuard : mf::testing::ConvOptionsScope {
- public:
-  ConvOptionsGuard(bool find, bool fma_only) {
-    mf::conv_options().find = find;
-    mf::conv_options().fma_math_only = fma_only;
-    mf::conv_options().deterministic = true;
-  }
-};
+// The kernel options of models that are compared: cuDNN algorithms chosen by the
+// heuristics (deterministic for a shape; timing could pick different algorithms for two
+// models) unless `find`, FMA-only FP32 math, and only cuDNN's deterministic algorithms: a
+// non-deterministic one (a weight gradient that sums per-image partials with atomics) can
+// give two identical models different bits.
+mf::KernelOptions compared(bool find = false, bool fma_only = true) {
+  mf::KernelOptions k;
+  k.find = find;
+  k.fma_math_only = fma_only;
+  k.deterministic = true;
+  return k;
+}
 
 class MemoryLimitGuard {
  public:
@@ -82,29 +81,13 @@ class MemoryLimitGuard {
   std::size_t saved_;
 };
 
-// 28x28 images whose class is where a bright 5x5 square sits (two rows of five places) on a
-// dim noisy background: a task the CNN learns in a few dozen steps.
-mf::data::Dataset synthetic(std::int64_t count, std::uint64_t seed) {
-  mf::data::Dataset d;
-  d.count = count, d.rows = 28, d.cols = 28;
-  d.images.resize(static_cast<std::size_t>(count * 28 * 28));
-  d.labels.resize(static_cast<std::size_t>(count));
-  mf::Rng rng(seed);
-  for (std::int64_t i = 0; i < count; ++i) {
-    const int label = static_cast<int>(rng.below(10));
-    d.labels[static_cast<std::size_t>(i)] = static_cast<std::uint8_t>(label);
-    std::uint8_t* img = d.images.data() + i * 28 * 28;
-    for (int p = 0; p < 28 * 28; ++p) img[p] = static_cast<std::uint8_t>(rng.below(40));
-    const int r0 = (label / 5) * 14 + 4, c0 = (label % 5) * 5 + 2;
-    for (int r = r0; r < r0 + 5; ++r)
-      for (int c = c0; c < c0 + 5; ++c) img[r * 28 + c] = static_cast<std::uint8_t>(200 + rng.below(56));
-  }
-  return d;
-}
+using mf::testing::synthetic;
 
-Sequential gpu_model(std::uint64_t seed, DType dtype, const mf::LossScalerConfig& scaler = {}) {
+Sequential gpu_model(std::uint64_t seed, DType dtype, const mf::KernelOptions& options = {},
+                     const mf::LossScalerConfig& scaler = {}) {
   mf::Rng rng(seed);
   Sequential m = Sequential::mnist_cnn(rng);
+  m.set_kernel_options(options);
   m.to(Device::kGpu);
   if (dtype == DType::kF16) m.set_compute_dtype(DType::kF16);
   m.compile(std::make_unique<mf::Adam>(mf::AdamConfig{}, scaler));
@@ -135,7 +118,6 @@ std::string mnist_dir() {
 
 TEST(TrainGpu, GraphReplayEqualsEagerSteps) {
   MF_SKIP_WITHOUT_GPU();
-  ConvOptionsGuard options(/*find=*/false, /*fma_only=*/true);
   // 209 = 3 batches of 64 and a last one of 17 (the fewest that warm up, capture and replay
   // the batch of 64 in every epoch); a validation set of 100 (one batch larger than 64: the
   // first validation pass grows the layers' output buffers).
@@ -144,7 +126,7 @@ TEST(TrainGpu, GraphReplayEqualsEagerSteps) {
   o.epochs = 4;
   o.batch_size = 64;
   o.seed = 5;
-  Sequential graphed = gpu_model(7, DType::kF32), eager = gpu_model(7, DType::kF32);
+  Sequential graphed = gpu_model(7, DType::kF32, compared()), eager = gpu_model(7, DType::kF32, compared());
   ASSERT_EQ(weights_of(graphed), weights_of(eager));
   // The learning rate halves after epoch 2, when the graphs would otherwise be kept: the
   // replays must not go on with the old one, which is baked into the Adam launch.
@@ -185,7 +167,6 @@ TEST(TrainGpu, GraphReplayEqualsEagerSteps) {
 
 TEST(TrainGpu, PredictFromACallbackDoesNotBreakTheGraphs) {
   MF_SKIP_WITHOUT_GPU();
-  ConvOptionsGuard options(/*find=*/false, /*fma_only=*/true);
   // After each epoch a callback predicts 300 images, more than the training batch of 64
   // (there is no validation set to grow the buffers first): the layers' output buffers
   // grow and move. Replaying the captured steps afterwards would write freed memory.
@@ -195,7 +176,7 @@ TEST(TrainGpu, PredictFromACallbackDoesNotBreakTheGraphs) {
   o.epochs = 3;
   o.batch_size = 64;
   o.seed = 6;
-  Sequential graphed = gpu_model(8, DType::kF32), eager = gpu_model(8, DType::kF32);
+  Sequential graphed = gpu_model(8, DType::kF32, compared()), eager = gpu_model(8, DType::kF32, compared());
   std::int64_t predicted = 0;
   mf::FitCallbacks cb;
   cb.on_epoch_end = [&](const mf::EpochLog&) { predicted += graphed.predict(images, 300).dim(0); };
@@ -232,7 +213,6 @@ long count_in_info(const Sequential& m, const std::string& what) {
 // callback only predicts does not need.
 TEST(TrainGpu, ATrainingForwardThatMovesOnlyTheMaxPoolRecordDropsTheGraphs) {
   MF_SKIP_WITHOUT_GPU();
-  ConvOptionsGuard options(/*find=*/false, /*fma_only=*/true);
   const mf::data::Dataset train = synthetic(401, 4);
   const Tensor big = Tensor::zeros({300, 28, 28, 1}), middle = Tensor::zeros({200, 28, 28, 1});
   FitOptions o;
@@ -244,7 +224,7 @@ TEST(TrainGpu, ATrainingForwardThatMovesOnlyTheMaxPoolRecordDropsTheGraphs) {
   std::vector<double> weights[2];
   for (const bool forward_too : {false, true}) {
     SCOPED_TRACE(forward_too ? "predict, then a training forward" : "predict only");
-    Sequential m = gpu_model(8, DType::kF32);
+    Sequential m = gpu_model(8, DType::kF32, compared());
     mf::FitCallbacks cb;
     cb.on_epoch_end = [&](const mf::EpochLog& e) {
       if (e.epoch == 0) (void)m.predict(big, 300);
@@ -262,7 +242,6 @@ TEST(TrainGpu, ATrainingForwardThatMovesOnlyTheMaxPoolRecordDropsTheGraphs) {
 // ---- the three pipelines -------------------------------------------------------------------
 
 void check_pipelines(DType dtype, Tol tol) {
-  ConvOptionsGuard options(/*find=*/false, /*fma_only=*/true);
   const mf::data::Dataset train = synthetic(401, 3);
   FitOptions o;
   o.epochs = 2;
@@ -272,7 +251,7 @@ void check_pipelines(DType dtype, Tol tol) {
   std::vector<History> histories;
   for (Pipeline p : {Pipeline::kResident, Pipeline::kPrefetch, Pipeline::kNaive}) {
     SCOPED_TRACE(mf::pipeline_name(p));
-    Sequential m = gpu_model(13, dtype);
+    Sequential m = gpu_model(13, dtype, compared());
     o.pipeline = p;
     histories.push_back(m.fit(train, nullptr, o));
     weights.push_back(weights_of(m));
@@ -302,9 +281,6 @@ TEST(TrainGpu, PipelinesGiveTheSameModelFp16) {
 // with the default math, but only among the deterministic ones; our own kernels reduce in
 // a fixed order. Two runs of one seed then agree to the last bit: losses and weights.
 void check_deterministic(DType dtype) {
-  mf::testing::ConvOptionsScope keep;
-  mf::conv_options().find = true;
-  mf::conv_options().deterministic = true;
   const mf::data::Dataset train = synthetic(200, 23), val = synthetic(40, 24);
   FitOptions o;
   o.epochs = 2;
@@ -315,6 +291,7 @@ void check_deterministic(DType dtype) {
   for (int run = 0; run < 2; ++run) {
     mf::Rng rng(29);
     Sequential m = Sequential::mnist_cnn(rng);
+    m.set_kernel_options(compared(/*find=*/true, /*fma_only=*/false));
     m.to(Device::kGpu);
     if (dtype == DType::kF16) m.set_compute_dtype(DType::kF16);
     m.compile(std::make_unique<mf::Adam>());
@@ -346,7 +323,6 @@ TEST(TrainGpu, DeterministicRunsGiveTheSameBitsFp16) {
 // on the device agrees too.
 // (Kept small: on the CUDA emulation each pipeline's pair of fits takes seconds.)
 void check_channels(DType dtype, Tol tol, const std::vector<Pipeline>& pipelines) {
-  ConvOptionsGuard options(/*find=*/false, /*fma_only=*/true);
   const mf::data::Dataset gray = synthetic(140, 7), gray_val = synthetic(30, 8);
   const mf::data::Dataset rgb = mf::testing::in_channel(gray, 3, 1), rgb_val = mf::testing::in_channel(gray_val, 3, 1);
   FitOptions o;
@@ -359,6 +335,8 @@ void check_channels(DType dtype, Tol tol, const std::vector<Pipeline>& pipelines
     mf::Rng rng1(19), rng3(20);
     Sequential one = Sequential::mnist_cnn(rng1), three = Sequential::mnist_cnn(rng3, 28, 28, 3);
     mf::testing::copy_into_channel(one, three, 1);
+    one.set_kernel_options(compared());
+    three.set_kernel_options(compared());
     std::vector<mf::History> h;
     std::vector<mf::EvalResult> e;
     for (Sequential* m : {&one, &three}) {
@@ -490,10 +468,10 @@ TEST(TrainGpu, EvaluateRefusesOutputsThatAreNotClassScoresAndBadLabels) {
 
 TEST(TrainGpu, EvaluateMatchesTheCpu) {
   MF_SKIP_WITHOUT_GPU();
-  ConvOptionsGuard options(/*find=*/true, /*fma_only=*/true);
   const mf::data::Dataset d = synthetic(777, 6);  // batches of 250: three full, one of 27
   mf::Rng rng(23);
   Sequential m = Sequential::mnist_cnn(rng);
+  m.set_kernel_options(compared(/*find=*/true));
   const mf::EvalResult cpu = m.evaluate(d, 250);
   m.to(Device::kGpu);
   const mf::EvalResult gpu = m.evaluate(d, 250);
@@ -516,19 +494,19 @@ TEST(TrainGpu, EvaluateMatchesTheCpu) {
 // compile() after the copy kept the old ones too.
 TEST(TrainGpu, WeightsCopiedIntoTheMastersAreUsedInFp16) {
   MF_SKIP_WITHOUT_GPU();
-  ConvOptionsGuard options(/*find=*/false, /*fma_only=*/true);
   const mf::data::Dataset d = synthetic(300, 3);
-  Sequential want = gpu_model(1, DType::kF16);  // built with these weights
+  Sequential want = gpu_model(1, DType::kF16, compared());  // built with these weights
   std::vector<Tensor> w;
   for (mf::Parameter* p : want.parameters()) w.push_back(p->value.to(Device::kCpu));
   const auto load = [&w](Sequential& m) {
     const auto params = m.parameters();
     for (std::size_t i = 0; i < params.size(); ++i) params[i]->value.copy_from(w[i]);
   };
-  Sequential after = gpu_model(2, DType::kF16);
+  Sequential after = gpu_model(2, DType::kF16, compared());
   load(after);
   mf::Rng rng(3);
   Sequential before = Sequential::mnist_cnn(rng);
+  before.set_kernel_options(compared());
   before.to(Device::kGpu);
   before.set_compute_dtype(DType::kF16);
   load(before);
@@ -565,10 +543,10 @@ TEST(TrainGpu, WeightsCopiedIntoTheMastersAreUsedInFp16) {
 // beyond the CPU-GPU tolerance.
 TEST(TrainGpu, DataEditedInPlaceIsUploadedAgain) {
   MF_SKIP_WITHOUT_GPU();
-  ConvOptionsGuard options(/*find=*/true, /*fma_only=*/true);
   mf::data::Dataset d = synthetic(100, 8);
   mf::Rng rng(9);
   Sequential m = Sequential::mnist_cnn(rng);
+  m.set_kernel_options(compared(/*find=*/true));
   float* k = m.parameters()[0]->value.data<float>();
   for (std::int64_t i = 0; i < m.parameters()[0]->value.numel(); ++i) k[i] *= 100.0f;
   const double before = m.evaluate(d, 50).loss;
@@ -799,7 +777,7 @@ TEST(TrainGpu, LossScalerSkipsOverflowingStepsFp16) {
   // default 2^16 (at most ~8 halvings), inside the 16 steps.
   mf::LossScalerConfig scaler;
   scaler.initial_scale = 16777216.0f;
-  Sequential m = gpu_model(41, DType::kF16, scaler);
+  Sequential m = gpu_model(41, DType::kF16, {}, scaler);
   const mf::data::Dataset train = synthetic(1024, 9);
   FitOptions o;
   o.epochs = 1;
