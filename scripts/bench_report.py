@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """bench_report.py: turns the Google Benchmark JSON files of scripts/bench.sh into
-OUT_DIR/results.md (one table per claim of the article and a summary) and PNG charts.
+OUT_DIR/results.md (one table per claim of the article, a summary, and the kernel ladder of
+bench_ladder) and PNG charts.
 
     python3 scripts/bench_report.py OUT_DIR [MORE_DIR ...]
 
@@ -213,12 +214,13 @@ def figure(title, xlabel, ylabel, note=None):
     return fig, ax
 
 
-def plain_log_ticks(axis):
-    """Tick labels on a log axis as plain numbers ("0.5", "3", "200"), not powers of ten."""
-    from matplotlib.ticker import FuncFormatter
+def plain_log_ticks(axis, minor=True):
+    """Tick labels on a log axis as plain numbers ("0.5", "3", "200"), not powers of ten; the
+    minor ticks unlabelled when `minor` is False (an axis over several decades)."""
+    from matplotlib.ticker import FuncFormatter, NullFormatter
     label = FuncFormatter(lambda v, _: f"{v:g}")
     axis.set_major_formatter(label)
-    axis.set_minor_formatter(label)
+    axis.set_minor_formatter(label if minor else NullFormatter())
 
 
 def save(fig, path):
@@ -264,7 +266,7 @@ def line_chart(path, title, xlabel, ylabel, series, xlog2=True, hline=None, band
     save(fig, path)
 
 
-def bar_chart(path, title, ylabel, groups, names, values, note=None, value_fmt=fmt_time):
+def bar_chart(path, title, ylabel, groups, names, values, note=None, value_fmt=fmt_time, minor_labels=True):
     """values[g][i]: bar i of group g (None: missing); log y."""
     if not pyplot():
         return
@@ -273,7 +275,7 @@ def bar_chart(path, title, ylabel, groups, names, values, note=None, value_fmt=f
         return
     fig, ax = figure(title, "", ylabel, note)
     ax.set_yscale("log")
-    plain_log_ticks(ax.yaxis)
+    plain_log_ticks(ax.yaxis, minor_labels)
     width = 0.8 / len(names)
     for i, name in enumerate(names):
         xs = [gi - 0.4 + (i + 0.5) * width for gi in range(len(groups))]
@@ -302,6 +304,52 @@ def steps_per_epoch(batch):
 
 def gpu_epoch(res, batch, dev="gpu_fp32", mode="graph", pipeline="resident"):
     return res.find("epoch", dev=dev, mode=mode, pipeline=pipeline, batch=batch)
+
+
+LADDER = [("naive", "cpu_1t", "CPU naive, 1 thread"), ("naive", "cpu_mt", "CPU naive, all threads"),
+          ("library", "cpu_1t", "CPU library, 1 thread"), ("library", "cpu_mt", "CPU library, all threads"),
+          ("tuned", "cpu_1t", "CPU tuned, 1 thread"), ("tuned", "cpu_mt", "CPU tuned, all threads"),
+          ("naive", "gpu_fp32", "GPU naive, FP32"), ("naive", "gpu_fp16", "GPU naive, FP16"),
+          ("library", "gpu_fp32", "GPU library, FP32"), ("library", "gpu_fp16", "GPU library, FP16")]
+LADDER_BATCHES = [64, 1024]
+
+
+def ladder_section(res, md):
+    """The ladder table (bench_ladder): every rung's step, and its speedup over CPU naive on one
+    thread at the same batch. Returns {batch: [images/s or None per LADDER entry]} for the chart."""
+    md.append("## The kernel ladder: one training step at every rung\n")
+    md.append("`bench_ladder`: one training step of the model (forward, loss, backward, Adam) at each rung of "
+              "`train_mnist --kernels` (docs/gpu_vs_cpu.md). *Speedup* divides images/s by CPU naive on one "
+              "thread at the same batch. *Steps* is how many steps the time is the mean of, after a warm-up step.\n")
+    rows, values = [], {}
+    for batch in LADDER_BATCHES:
+        base = res.find("ladder", rung="naive", dev="cpu_1t", batch=batch)
+        base_rate = base.get("images/s") if base else None
+        values[batch] = []
+        for rung, dev, name in LADDER:
+            r = res.find("ladder", rung=rung, dev=dev, batch=batch)
+            rate = r.get("images/s") if r else None
+            values[batch].append(rate)
+            missing = gpu_cell("not measured yet") if dev.startswith("gpu") else "-"
+            rows.append([name, batch, fmt_time(secs(r)) if r else missing,
+                         f"{rate:,.0f}" if rate else missing, fmt_x(ratio(rate, base_rate)) if r else missing,
+                         f"{r.get('steps', 0):.0f}" if r else "-"])
+    md.append(table(["rung", "batch", "time / step", "images/s", "speedup", "steps"], rows))
+    return values
+
+
+def ladder_chart(path, values):
+    """One bar per measured rung and device, grouped by batch; the unmeasured ones are named in
+    the note rather than given a legend entry without a bar."""
+    groups = [f"batch {b}" for b in LADDER_BATCHES]
+    kept = [i for i in range(len(LADDER)) if any(values[b][i] for b in LADDER_BATCHES)]
+    missing = [LADDER[i][2] for i in range(len(LADDER)) if i not in kept]
+    note = "bench_ladder: one training step (forward, loss, backward, Adam)"
+    if missing:
+        note += "; not measured yet: " + ", ".join(missing)
+    bar_chart(path, "The kernel ladder: images/s of one training step", "images / s (log)", groups,
+              [LADDER[i][2] for i in kept], [[values[b][i] for i in kept] for b in LADDER_BATCHES],
+              note=note, value_fmt=lambda v: f"{v:,.0f}", minor_labels=False)
 
 
 def report(out_dir, more_dirs=()):
@@ -689,7 +737,7 @@ def report(out_dir, more_dirs=()):
     # ---- claim 8: cuDNN algorithms ----
     md.append("## Claim 8: cuDNN autotuning picks faster convolution algorithms\n")
     md.append("Each convolution with its algorithms chosen by cuDNN's heuristic (`cudnnGet*_v7`, "
-              "`conv_options().find = false`) or by timing the candidates (`cudnnFind*Ex`, `find = true`). "
+              "`KernelOptions::find = false`) or by timing the candidates (`cudnnFind*Ex`, `find = true`). "
               "`first call` is the wall time of the first call, which makes the choice.\n")
     rows = []
     speedups = []
@@ -747,9 +795,14 @@ def report(out_dir, more_dirs=()):
         gpu_text = holds = NO_GPU
     summary.append(("9", "a well-fed GPU stays above 90 % busy", "n/a (GPU claim)", gpu_text, holds))
 
+    # ---- the kernel ladder ----
+    ladder = ladder_section(res, md)
+
     # ---- charts ----
     md.append("## Charts\n")
     charts = []
+    ladder_chart(os.path.join(out_dir, "ladder.png"), ladder)
+    charts.append(("ladder.png", "The kernel ladder: images per second of one training step at every rung"))
     series = [(name, PALETTE[i], gemm_series[d], d.endswith("copies")) for i, (d, name) in enumerate(devs) if gemm_series[d]]
     line_chart(os.path.join(out_dir, "gemm_gflops.png"), "GEMM throughput, n x n x n", "n (log scale)",
                "GFLOP/s (log)", series)

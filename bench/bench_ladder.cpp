@@ -1,0 +1,120 @@
+// bench_ladder.cpp: the kernel ladder, measured. One training step of the article's model
+// (forward, loss, backward, Adam on a fixed batch) at every rung of kernels/kernel_options.h,
+// at batch 64 (the article's) and 1024:
+//   CPU naive, library, tuned    at 1 thread and at all threads (cpu_1t, cpu_mt)
+//   GPU naive, library           FP32 and FP16
+// Names: "ladder/rung:<rung>/dev:<cpu_1t|cpu_mt|gpu_fp32|gpu_fp16>/batch:<n>". Counters:
+// images/s and steps (how many steps the figure is the mean of). The report
+// (scripts/bench_report.py) divides every rung's images/s by CPU naive's on one thread: how
+// far each step up the ladder goes, on each device.
+//
+// The naive CPU rung takes about a second a step at batch 64 on one thread of the 2-core
+// development machine, so each configuration runs a fixed number of steps after a warm-up
+// step (kSteps below) rather than Google Benchmark's open-ended iterations; the fast rungs
+// run for --benchmark_min_time.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "bench/bench_common.h"
+#include "kernels/kernel_options.h"
+#include "layers/softmax_xent.h"
+#include "runtime/gpu_runtime.h"
+
+#if MF_WITH_CUDA
+#include "runtime/cuda_raii.h"
+#include "runtime/gpu_context.h"
+#endif
+
+namespace mf::bench {
+namespace {
+
+KernelOptions at(KernelRung rung) {
+  KernelOptions k;
+  k.rung = rung;
+  return k;
+}
+
+void set_counters(benchmark::State& state, std::int64_t batch) {
+  using C = benchmark::Counter;
+  state.counters["images/s"] = C(static_cast<double>(batch), C::kIsIterationInvariantRate);
+  state.counters["steps"] = static_cast<double>(state.iterations());
+}
+
+// ---- CPU: the step fit_cpu runs (bench_training's BM_TrainStepCpu) at one rung ----
+void BM_LadderCpu(benchmark::State& state, KernelRung rung, std::int64_t batch, int threads) {
+  use_threads(threads);
+  Sequential model = make_model(Device::kCpu, DType::kF32);
+  model.set_kernel_options(at(rung));
+  const Tensor x = uniform_tensor(Shape{batch, 28, 28, 1}, 0.0f, 1.0f, 2);
+  const Tensor y = random_labels(batch, 10, 3);
+  Tensor stats = Tensor::zeros(Shape{kNumStats}), dlogits;
+  auto step = [&] {
+    softmax_xent(model.forward(x), y, stats, &dlogits);
+    model.backward(dlogits);
+    model.optimizer()->step();
+  };
+  step();  // warm-up: every buffer is allocated in the first step
+  for (auto _ : state) step();
+  set_counters(state, batch);
+  state.counters["threads"] = threads;
+  state.SetLabel(model.layers()[2]->cpu_config());  // conv2d_1, the costly layer: what it ran
+}
+
+// ---- GPU: GpuStepRunner's step at one rung, CUDA-event time of kInner steps back to back ----
+constexpr int kInner = 10;
+
+void BM_LadderGpu(benchmark::State& state, KernelRung rung, std::int64_t batch, DType dtype) {
+  MF_BENCH_REQUIRE_GPU(state);
+#if MF_WITH_CUDA
+  GpuStepRunner runner(batch, dtype);
+  runner.model().set_kernel_options(at(rung));
+  for (int i = 0; i < 2; ++i) runner.step();  // algorithms, workspace, buffers
+  gpu_synchronize();
+  EventTimer timer(GpuContext::current().stream());
+  while (state.KeepRunningBatch(kInner)) {
+    timer.start();
+    for (int i = 0; i < kInner; ++i) runner.step();
+    state.SetIterationTime(timer.stop_seconds());
+  }
+  set_counters(state, batch);
+  state.SetLabel(runner.model().layers()[2]->gpu_config());
+#else
+  (void)rung, (void)batch, (void)dtype;
+#endif
+}
+
+// Steps each configuration is timed over: enough that the figure moves by a few percent at
+// most from run to run (the naive rung's steps take 0.3-20 s here, and vary little).
+int cpu_steps(KernelRung rung, std::int64_t batch) {
+  if (rung != KernelRung::kNaive) return 0;  // 0: Google Benchmark's --benchmark_min_time
+  return batch >= 1024 ? 2 : 5;
+}
+
+void register_all() {
+  std::vector<std::pair<std::string, int>> cpu_devs = {{"cpu_1t", 1}};
+  if (max_threads() > 1) cpu_devs.push_back({"cpu_mt", max_threads()});
+  for (std::int64_t batch : {64, 1024})
+    for (KernelRung rung : {KernelRung::kNaive, KernelRung::kLibrary, KernelRung::kTuned})
+      for (const auto& [dev, threads] : cpu_devs) {
+        auto* b = register_guarded(std::string("ladder/rung:") + rung_name(rung) + "/dev:" + dev + "/batch:" +
+                                       std::to_string(batch),
+                                   BM_LadderCpu, rung, batch, threads)
+                      ->Unit(benchmark::kMillisecond)
+                      ->UseRealTime();
+        if (const int steps = cpu_steps(rung, batch)) b->Iterations(steps);
+      }
+  for (std::int64_t batch : {64, 1024})
+    for (KernelRung rung : {KernelRung::kNaive, KernelRung::kLibrary})
+      for (DType dt : {DType::kF32, DType::kF16})
+        register_guarded(std::string("ladder/rung:") + rung_name(rung) + "/dev:" +
+                             (dt == DType::kF16 ? "gpu_fp16" : "gpu_fp32") + "/batch:" + std::to_string(batch),
+                         BM_LadderGpu, rung, batch, dt)
+            ->Unit(benchmark::kMillisecond)
+            ->UseManualTime();
+}
+
+}  // namespace
+}  // namespace mf::bench
+
+int main(int argc, char** argv) { return mf::bench::run_benchmarks(argc, argv, mf::bench::register_all); }
