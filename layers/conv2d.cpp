@@ -39,5 +39,6 @@ Conv2D::~Conv2D() = default;
 std::string Conv2D::gpu_config() const { return ""; }
 void Conv2D::to(Device device) { Layer::to(device); }
 void Conv2D::set_compute_dtype(DType dtype) { Layer::set_compute_dtype(dtype); }
+void Conv2D::set_kernel_options(const KernelOptions& options) { Layer::set_kernel_options(options); }
 }  // namespace mf
 #endif
