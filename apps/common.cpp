@@ -4,6 +4,7 @@
 #include "kernels/kernel_options.h"
 
 #include "io/atomic_file.h"
+#include "io/text.h"
 
 #include <cerrno>
 #include <cmath>
@@ -185,27 +186,13 @@ std::string json_string(const std::string& s) {
 namespace {
 // The shortest decimal that reads back as the same double, so that two runs' files compare
 // equal exactly when their numbers do (six digits hid differences in the last bits).
-std::string num(double v) {
-  if (!std::isfinite(v)) return "null";
-  char b[64];
-  for (int digits = 1; digits <= 17; ++digits) {  // 17 digits always round-trip a double
-    std::snprintf(b, sizeof b, "%.*g", digits, v);
-    if (std::strtod(b, nullptr) == v) break;
-  }
-  return b;
-}
-std::string utc_now() {
-  char b[32];
-  const std::time_t t = std::time(nullptr);
-  std::strftime(b, sizeof b, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&t));
-  return b;
-}
+std::string num(double v) { return std::isfinite(v) ? io::exact_decimal(v) : "null"; }  // JSON has no NaN
 }  // namespace
 
 void write_metrics_json(const std::string& path, const RunInfo& info, const History& h, const EvalResult& test,
                         Sequential& model) {
   std::ostringstream os;
-  os << "{\n  \"date\": " << json_string(utc_now()) << ",\n  \"device\": " << json_string(device_name(info.device))
+  os << "{\n  \"date\": " << json_string(io::utc_now()) << ",\n  \"device\": " << json_string(device_name(info.device))
      << ",\n  \"hardware\": " << json_string(info.hardware) << ",\n  \"precision\": " << json_string(info.fp16 ? "fp16" : "fp32")
      << ",\n  \"kernels\": " << json_string(rung_name(model.rung()))
      << ",\n  \"batch_size\": " << info.batch_size << ",\n  \"threads\": " << info.threads

@@ -12,6 +12,7 @@
 
 #include "io/atomic_file.h"
 #include "io/checkpoint_format.h"
+#include "io/text.h"
 #include "runtime/errors.h"  // one_line
 #include "runtime/gpu_runtime.h"
 
@@ -41,17 +42,7 @@ void put_str(std::string& out, const std::string& s) {
   out += s;
 }
 
-std::string num(double v) {
-  char b[40];
-  std::snprintf(b, sizeof b, "%.17g", v);
-  return b;
-}
-std::string utc_now() {
-  char b[32];
-  const std::time_t t = std::time(nullptr);
-  std::strftime(b, sizeof b, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&t));
-  return b;
-}
+std::string num(double v) { return exact_decimal(v); }
 
 std::string encode_meta(const CheckpointMeta& m) {
   std::ostringstream os;
