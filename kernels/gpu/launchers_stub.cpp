@@ -2,6 +2,7 @@
 // this build has no GPU. (Nothing calls them unless a tensor is on the GPU, which a
 // CPU-only build cannot make, so these are a safety net, not a code path.)
 #include "runtime/errors.h"
+#include "kernels/gpu/fused.h"
 #include "kernels/gpu/launchers.h"
 
 namespace mf {
@@ -77,6 +78,14 @@ void launch_finish_step_mixed(std::int32_t*, LossScaleState*, std::int32_t, floa
 void launch_count_mismatch(const std::uint32_t*, const std::uint32_t*, std::int64_t, unsigned long long*,
                            GpuStream) {
   no_gpu("count_mismatch");
+}
+
+std::size_t fused_head_scratch_bytes(const FusedHeadSizes&, bool) { no_gpu("fused_head_scratch_bytes"); }
+FusedHeadScratch fused_head_scratch(void*, const FusedHeadSizes&, bool) { no_gpu("fused_head_scratch"); }
+void launch_fused_head(const FusedHeadSizes&, const void*, const void*, const void*, const void*, const void*,
+                       const std::int32_t*, float, const float*, const FusedHeadScratch&, void*, void*, void*, void*,
+                       void*, float*, bool, GpuStream) {
+  no_gpu("fused_head");
 }
 
 }  // namespace mf

@@ -1,0 +1,103 @@
+#!/usr/bin/env python3
+"""fused_model.py: the performance model of the fused GPU step (docs/fused_step.md): for each
+of its kernels the bytes it moves, the FLOPs it does and its graph nodes, and its predicted
+time on the H200 from the card's ceilings, summed to a predicted epoch at batch 64 and 1024.
+
+    python3 scripts/fused_model.py [--markdown]
+
+Every number it prints is a PREDICTION from the constants below, not a measurement. The GPU
+run (scripts/device_check.sh) puts the measured time per kernel beside it.
+
+A kernel's time is max(latency floor, bytes / bandwidth, FLOPs / rate) plus the cost of its
+graph node, and a replay costs REPLAY_US, shared by the STEPS_PER_REPLAY steps it runs.
+"""
+import sys
+
+# ---- the H200's ceilings (the ones named in the fused-step issue) and our assumptions ----
+BANDWIDTH = 4.3e12          # bytes/s: device-to-device copies, measured
+FP32_RATE = 51e12           # FLOP/s: FP32 FMA on CUDA cores, measured
+TF32_RATE = 495e12          # FLOP/s: dense TF32 on Tensor Cores (NVIDIA's figure, not measured)
+FP16_RATE = 990e12          # FLOP/s: dense FP16 on Tensor Cores (NVIDIA's figure, not measured)
+EFFICIENCY = 0.5            # ASSUMED: our kernels reach half of a rate (CUDA cores), or
+TC_EFFICIENCY = 0.3         # ASSUMED: 30 % of a Tensor Core rate (mma.sync, no wgmma)
+NODE_US = 1.1               # graph node, measured
+REPLAY_US = 9.0             # one graph replay, measured
+FLOOR_US = 2.5              # ASSUMED: the shortest a kernel of this step takes (launch to finish)
+STEPS_PER_REPLAY = 8        # the design captures several steps per graph
+NONZERO = 0.15              # conv2's output gradient that is nonzero (CPU --verbose: 12-15 %)
+EPOCH_IMAGES = 48000
+
+# ---- the model, per image ----
+X = 28 * 28                 # input pixels (u8 in the resident data set)
+P1 = 13 * 13 * 32           # conv1 after pooling
+P2 = 5 * 5 * 64             # conv2 after pooling
+MAC = {"conv1": 26 * 26 * 32 * 9, "conv2": 11 * 11 * 64 * 288, "dense": 1600 * 64, "dense_1": 64 * 10}
+PARAMS = 320 + 18496 + 102464 + 650
+
+
+def kernels(batch, act_bytes, conv2_rate, sparse):
+    """(name, bytes, FLOPs, rate) of each kernel of one step. act_bytes: 4 (FP32) or 2 (FP16)."""
+    a, n = act_bytes, batch
+    f = lambda mac: 2.0 * mac * n  # noqa: E731  FLOPs of `mac` multiply-adds per image
+    k = 1.0 if not sparse else NONZERO
+    w = 4  # master weights, gradients and Adam state stay f32
+    return [
+        ("1 gather + conv1 + bias + ReLU + pool", n * (X + P1 * a + P1), f(MAC["conv1"]), FP32_RATE * EFFICIENCY),
+        ("2 conv2 + bias + ReLU + pool", n * (P1 * a + P2 * a + P2) + 18496 * a, f(MAC["conv2"]), conv2_rate),
+        ("3a head, per sample", n * 2 * P2 * a + 102464 * a, 2 * f(MAC["dense"] + MAC["dense_1"]), FP32_RATE * EFFICIENCY),
+        ("3b head, weight gradients", n * (P2 * a + 2 * 64 * a) + 102464 * 2 * w, f(MAC["dense"] + MAC["dense_1"]),
+         FP32_RATE * EFFICIENCY),
+        ("4 pool2 bwd + mask + db + conv2 dx", n * (P2 * a + P2 + P2 * a + P1 * a) + 18496 * a, k * f(MAC["conv2"]),
+         conv2_rate if not sparse else FP32_RATE * EFFICIENCY),
+        ("5 conv2 dW", n * (P1 * a + P2 * a + P2) + 18496 * w, k * f(MAC["conv2"]),
+         conv2_rate if not sparse else FP32_RATE * EFFICIENCY),
+        ("6 pool1 bwd + mask + db + conv1 dW", n * (P1 * a + P1 + X), f(MAC["conv1"]), FP32_RATE * EFFICIENCY),
+        ("7 Adam", PARAMS * 7 * w, PARAMS * 12, FP32_RATE * EFFICIENCY),
+    ]
+
+
+def predict(batch, act_bytes, conv2_rate, sparse):
+    rows, total = [], 0.0
+    for name, bytes_, flops, rate in kernels(batch, act_bytes, conv2_rate, sparse):
+        t = max(FLOOR_US, bytes_ / BANDWIDTH * 1e6, flops / rate * 1e6)
+        bound = "floor" if t == FLOOR_US else ("memory" if t == bytes_ / BANDWIDTH * 1e6 else "arithmetic")
+        rows.append((name, bytes_ / 1e6, flops / 1e6, t, bound))
+        total += t + NODE_US
+    step = total + REPLAY_US / STEPS_PER_REPLAY
+    steps = -(-EPOCH_IMAGES // batch)
+    return rows, step, step * steps / 1e3
+
+
+VARIANTS = [
+    ("FP32, conv2 on CUDA cores, dense gradients", 4, FP32_RATE * EFFICIENCY, False),
+    ("FP32, conv2 on CUDA cores, sparse gradients", 4, FP32_RATE * EFFICIENCY, True),
+    ("FP32 as TF32 on Tensor Cores for conv2, sparse gradients", 4, TF32_RATE * TC_EFFICIENCY, True),
+    ("FP16, conv2 on Tensor Cores, dense gradients", 2, FP16_RATE * TC_EFFICIENCY, False),
+]
+
+
+def main():
+    md = "--markdown" in sys.argv[1:]
+    if any(a in ("-h", "--help") for a in sys.argv[1:]):
+        print(__doc__)
+        return
+    for batch in (64, 1024):
+        for title, act, rate, sparse in VARIANTS:
+            rows, step, epoch = predict(batch, act, rate, sparse)
+            print(f"\n### Batch {batch}: {title}\n" if md else f"\n== batch {batch}: {title}")
+            if md:
+                print("| kernel | MB moved | MFLOP | predicted µs | bound by |")
+                print("|---|---|---|---|---|")
+            for name, mb, mflop, t, bound in rows:
+                if md:
+                    print(f"| {name} | {mb:.2f} | {mflop:.1f} | {t:.1f} | {bound} |")
+                else:
+                    print(f"  {name:42s} {mb:9.2f} MB {mflop:9.1f} MFLOP {t:8.1f} us  ({bound})")
+            nodes = len(rows)
+            line = (f"{nodes} graph nodes ({nodes * NODE_US:.1f} µs), replay {REPLAY_US / STEPS_PER_REPLAY:.1f} µs a step: "
+                    f"**{step:.0f} µs a step, {epoch:.1f} ms an epoch** (predicted)")
+            print(("\n" if md else "  ") + line)
+
+
+if __name__ == "__main__":
+    main()
