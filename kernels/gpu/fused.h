@@ -50,4 +50,46 @@ void launch_fused_head(const FusedHeadSizes& g, const void* x, const void* w1, c
                        const FusedHeadScratch& scratch, void* dx, void* dw1, void* db1, void* dw2, void* db2,
                        float* stats, bool half, GpuStream stream);
 
+// ---- the convolutions: 3x3, with bias, ReLU and 2x2 max pooling (floor) ----
+// n inputs of h x w x c to `filters` channels; the pooled output is
+// (n, (h-2)/2, (w-2)/2, filters), and for each pooled value `winners` holds which of its
+// window's four outputs won (0..3, as launch_maxpool2x2_forward numbers them). Weights
+// (filters, 3, 3, c) and biases in the activations' dtype; gradients are added (+=) in the
+// gradients' dtype. A weight gradient sums per chunk of 4 images into `scratch` (f32,
+// fused_conv_scratch_bytes()), then over the chunks in order: the same bits at every run.
+struct FusedConvSizes {
+  std::int64_t n, h, w, c, filters;
+};
+std::size_t fused_conv_scratch_bytes(const FusedConvSizes& g);
+
+// The first convolution reads the batch straight from the data set the resident pipeline
+// keeps on the device: u8 images (count x h x w x c), batch row s is image perm[*offset + s]
+// (perm null: image s; offset null: 0), its pixels p / 255.
+struct FusedBatch {
+  const std::uint8_t* images;
+  const std::uint8_t* labels;
+  const std::int32_t* perm;
+  const std::int64_t* offset;
+};
+// Also writes labels_out[s] = labels[image of row s] unless labels_out is null.
+void launch_fused_conv1_forward(const FusedConvSizes& g, const FusedBatch& batch, const void* w, const void* b,
+                                void* pooled, std::uint8_t* winners, std::int32_t* labels_out, bool half,
+                                GpuStream stream);
+// dpool: the gradient at the pooled output. Through the pooling (to the winner), ReLU
+// (where the pooled value is positive) and the bias, into dw and db.
+void launch_fused_conv1_wgrad(const FusedConvSizes& g, const FusedBatch& batch, const void* dpool, const void* pooled,
+                              const std::uint8_t* winners, void* dw, void* db, float* scratch, bool half,
+                              GpuStream stream);
+
+// The same for a convolution of activations x (n, h, w, c), f32 or f16.
+void launch_fused_conv_forward(const FusedConvSizes& g, const void* x, const void* w, const void* b, void* pooled,
+                               std::uint8_t* winners, bool half, GpuStream stream);
+void launch_fused_conv_wgrad(const FusedConvSizes& g, const void* x, const void* dpool, const void* pooled,
+                             const std::uint8_t* winners, void* dw, void* db, float* scratch, bool half,
+                             GpuStream stream);
+// Its data gradient: dx (n, h, w, c) = the gradient at each input, through the pooling,
+// ReLU and the kernel, visiting only the outputs that won their window. Overwrites dx.
+void launch_fused_conv_dgrad(const FusedConvSizes& g, const void* dpool, const void* pooled,
+                             const std::uint8_t* winners, const void* w, void* dx, bool half, GpuStream stream);
+
 }  // namespace mf

@@ -82,6 +82,27 @@ void launch_count_mismatch(const std::uint32_t*, const std::uint32_t*, std::int6
 
 std::size_t fused_head_scratch_bytes(const FusedHeadSizes&, bool) { no_gpu("fused_head_scratch_bytes"); }
 FusedHeadScratch fused_head_scratch(void*, const FusedHeadSizes&, bool) { no_gpu("fused_head_scratch"); }
+std::size_t fused_conv_scratch_bytes(const FusedConvSizes&) { no_gpu("fused_conv_scratch_bytes"); }
+void launch_fused_conv1_forward(const FusedConvSizes&, const FusedBatch&, const void*, const void*, void*,
+                                std::uint8_t*, std::int32_t*, bool, GpuStream) {
+  no_gpu("fused_conv1_forward");
+}
+void launch_fused_conv1_wgrad(const FusedConvSizes&, const FusedBatch&, const void*, const void*, const std::uint8_t*,
+                              void*, void*, float*, bool, GpuStream) {
+  no_gpu("fused_conv1_wgrad");
+}
+void launch_fused_conv_forward(const FusedConvSizes&, const void*, const void*, const void*, void*, std::uint8_t*,
+                               bool, GpuStream) {
+  no_gpu("fused_conv_forward");
+}
+void launch_fused_conv_wgrad(const FusedConvSizes&, const void*, const void*, const void*, const std::uint8_t*, void*,
+                             void*, float*, bool, GpuStream) {
+  no_gpu("fused_conv_wgrad");
+}
+void launch_fused_conv_dgrad(const FusedConvSizes&, const void*, const void*, const std::uint8_t*, const void*, void*,
+                             bool, GpuStream) {
+  no_gpu("fused_conv_dgrad");
+}
 void launch_fused_head(const FusedHeadSizes&, const void*, const void*, const void*, const void*, const void*,
                        const std::int32_t*, float, const float*, const FusedHeadScratch&, void*, void*, void*, void*,
                        void*, float*, bool, GpuStream) {

@@ -5,8 +5,11 @@
 // Emulated.FusedGpu.* (`ctest -R Fused`).
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <numeric>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -178,6 +181,212 @@ TEST(FusedGpu, HeadTooLargeIsRefused) {
     FAIL() << "a head of " << g.hidden << " units was launched";
   } catch (const std::invalid_argument& e) {
     EXPECT_NE(std::string(e.what()).find("at most 256 hidden units"), std::string::npos) << e.what();
+  }
+}
+
+// ---- the convolutions ----
+
+template <class T>
+Tensor device_bytes(const std::vector<T>& v) {
+  Tensor t = Tensor::empty({static_cast<std::int64_t>(v.size() * sizeof(T))}, DType::kU8);
+  std::memcpy(t.raw(), v.data(), v.size() * sizeof(T));
+  return t.to(Device::kGpu);
+}
+
+// The input of a convolution: for the first (from_dataset), a data set of random u8 images
+// and labels, the batch taken through a permutation from row `offset` on, as the resident
+// pipeline reads it; otherwise activations. x is the batch as the kernel sees it (host f32).
+struct ConvInput {
+  bool from_dataset;
+  std::vector<std::uint8_t> images, labels;
+  std::vector<std::int32_t> perm;
+  std::int64_t offset = 2;
+  Tensor x;
+};
+
+ConvInput conv_input(const FusedConvSizes& g, bool from_dataset, bool half, Rng& rng) {
+  ConvInput d;
+  d.from_dataset = from_dataset;
+  if (!from_dataset) {
+    d.x = testing::uniform({g.n, g.h, g.w, g.c}, -1, 1, rng);
+    if (half) testing::round_to_half(d.x);
+    return d;
+  }
+  const std::int64_t count = g.n + 3, size = g.h * g.w * g.c;
+  d.images.resize(static_cast<std::size_t>(count * size));
+  for (auto& p : d.images) p = rng.uniform01() < 0.3 ? 0 : static_cast<std::uint8_t>(rng.below(256));
+  d.labels.resize(static_cast<std::size_t>(count));
+  for (auto& l : d.labels) l = static_cast<std::uint8_t>(rng.below(10));
+  d.perm.resize(static_cast<std::size_t>(count));
+  std::iota(d.perm.begin(), d.perm.end(), 0);
+  for (std::size_t i = d.perm.size() - 1; i > 0; --i) std::swap(d.perm[i], d.perm[rng.below(i + 1)]);
+  d.x = Tensor::empty({g.n, g.h, g.w, g.c});
+  for (std::int64_t s = 0; s < g.n; ++s)
+    for (std::int64_t i = 0; i < size; ++i)
+      d.x.data<float>()[s * size + i] = static_cast<float>(d.images[d.perm[d.offset + s] * size + i]) / 255.0f;
+  return d;
+}
+
+struct ConvRun {
+  Tensor pooled, dw, db, dx;
+  std::vector<std::uint8_t> winners;
+  std::vector<std::int32_t> labels;
+};
+
+std::vector<std::uint8_t> bytes_of(const Tensor& device_u8, std::int64_t count) {
+  const Tensor h = device_u8.to(Device::kCpu);
+  const auto* p = static_cast<const std::uint8_t*>(h.raw());
+  return std::vector<std::uint8_t>(p, p + count);
+}
+
+ConvRun run_conv(const FusedConvSizes& g, const ConvInput& d, const Tensor& w, const Tensor& b, const Tensor& dpool,
+                 bool half) {
+  const DType dt = half ? DType::kF16 : DType::kF32;
+  const std::int64_t ph = (g.h - 2) / 2, pw = (g.w - 2) / 2, outputs = g.n * ph * pw * g.filters;
+  const Tensor wd = dev(w, dt), bd = dev(b, dt), dpd = dev(dpool, dt);
+  Tensor pooled = Tensor::zeros({g.n, ph, pw, g.filters}, dt, Device::kGpu);
+  Tensor winners = Tensor::zeros({outputs}, DType::kU8, Device::kGpu);
+  Tensor dw = Tensor::zeros(w.shape(), dt, Device::kGpu), db = Tensor::zeros(b.shape(), dt, Device::kGpu);
+  Tensor scratch = Tensor::zeros({static_cast<std::int64_t>(fused_conv_scratch_bytes(g))}, DType::kU8, Device::kGpu);
+  auto* win = static_cast<std::uint8_t*>(winners.raw());
+  auto* partials = static_cast<float*>(scratch.raw());
+  ConvRun r;
+  if (d.from_dataset) {
+    const Tensor images = device_bytes(d.images), labels = device_bytes(d.labels), perm = device_bytes(d.perm);
+    const Tensor offset = device_bytes(std::vector<std::int64_t>{d.offset});
+    const FusedBatch batch{static_cast<const std::uint8_t*>(images.raw()), static_cast<const std::uint8_t*>(labels.raw()),
+                           static_cast<const std::int32_t*>(perm.raw()), static_cast<const std::int64_t*>(offset.raw())};
+    Tensor labels_out = Tensor::zeros({g.n}, DType::kI32, Device::kGpu);
+    launch_fused_conv1_forward(g, batch, wd.raw(), bd.raw(), pooled.raw(), win, labels_out.data<std::int32_t>(), half,
+                               compute_stream());
+    launch_fused_conv1_wgrad(g, batch, dpd.raw(), pooled.raw(), win, dw.raw(), db.raw(), partials, half,
+                             compute_stream());
+    const Tensor lab = labels_out.to(Device::kCpu);
+    r.labels.assign(lab.data<std::int32_t>(), lab.data<std::int32_t>() + g.n);
+  } else {
+    const Tensor x = dev(d.x, dt);
+    Tensor dx = Tensor::zeros(d.x.shape(), dt, Device::kGpu);
+    launch_fused_conv_forward(g, x.raw(), wd.raw(), bd.raw(), pooled.raw(), win, half, compute_stream());
+    launch_fused_conv_wgrad(g, x.raw(), dpd.raw(), pooled.raw(), win, dw.raw(), db.raw(), partials, half,
+                            compute_stream());
+    launch_fused_conv_dgrad(g, dpd.raw(), pooled.raw(), win, wd.raw(), dx.raw(), half, compute_stream());
+    r.dx = back(dx);
+  }
+  r.pooled = back(pooled);
+  r.dw = back(dw);
+  r.db = back(db);
+  r.winners = bytes_of(winners, outputs);
+  return r;
+}
+
+double rounded(double v, bool half) {
+  const float f = static_cast<float>(v);
+  return half ? static_cast<double>(round_to_half(f)) : f;
+}
+
+void check_conv(const FusedConvSizes& g, bool from_dataset, bool half, std::uint64_t seed) {
+  SCOPED_TRACE(std::string(half ? "f16" : "f32") + (from_dataset ? " conv1 (u8 data set)" : " conv (activations)") +
+               " n=" + std::to_string(g.n) + " " + std::to_string(g.h) + "x" + std::to_string(g.w) + "x" +
+               std::to_string(g.c) + " K=" + std::to_string(g.filters));
+  Rng rng(seed);
+  const ConvInput d = conv_input(g, from_dataset, half, rng);
+  Tensor w = testing::uniform({g.filters, 3, 3, g.c}, -0.5f, 0.5f, rng), b = testing::uniform({g.filters}, -0.3f, 0.3f, rng);
+  const std::int64_t oh = g.h - 2, ow = g.w - 2, ph = oh / 2, pw = ow / 2;
+  Tensor dpool = testing::uniform({g.n, ph, pw, g.filters}, -1, 1, rng);
+  if (half) {
+    for (Tensor* t : {&w, &b, &dpool}) testing::round_to_half(*t);
+  }
+  const ConvRun r = run_conv(g, d, w, b, dpool, half);
+
+  // Forward: the reference convolution with ReLU, rounded as the kernel stores it, pooled
+  // here. Where two window outputs are within the tolerance of each other either may win:
+  // the winner must hold the window's maximum to within it.
+  const std::vector<double> conv = testing::conv2d_forward_ref(d.x, w, b, true);
+  const Tol tol = half ? Tol{1e-3, 1e-2} : Tol{1e-5, 1e-4};
+  std::vector<double> want(static_cast<std::size_t>(r.pooled.numel()));
+  int wrong_winners = 0;
+  Tensor dconv = Tensor::zeros({g.n, oh, ow, g.filters});  // dpool taken back to the conv's output
+  for (std::int64_t s = 0; s < g.n; ++s)
+    for (std::int64_t py = 0; py < ph; ++py)
+      for (std::int64_t px = 0; px < pw; ++px)
+        for (std::int64_t f = 0; f < g.filters; ++f) {
+          const std::int64_t e = ((s * ph + py) * pw + px) * g.filters + f;
+          std::int64_t at[4];
+          double v[4];
+          for (int q = 0; q < 4; ++q) {
+            at[q] = ((s * oh + 2 * py + q / 2) * ow + 2 * px + q % 2) * g.filters + f;
+            v[q] = rounded(conv[static_cast<std::size_t>(at[q])], half);
+          }
+          const double best = *std::max_element(v, v + 4);
+          const int won = r.winners[static_cast<std::size_t>(e)];
+          want[static_cast<std::size_t>(e)] = best;
+          wrong_winners += won > 3 || std::abs(v[won] - best) > tol.atol + tol.rtol * std::abs(best);
+          // Back through the kernel's own winner and ReLU (pooled > 0).
+          if (won <= 3 && r.pooled.data<float>()[e] > 0.0f) dconv.data<float>()[at[won]] = dpool.data<float>()[e];
+        }
+  EXPECT_TRUE(all_close(r.pooled, want, tol)) << "pooled";
+  EXPECT_EQ(wrong_winners, 0) << "winners not holding their window's maximum";
+  for (std::size_t s = 0; s < r.labels.size(); ++s)
+    EXPECT_EQ(r.labels[s], d.labels[static_cast<std::size_t>(d.perm[d.offset + static_cast<std::int64_t>(s)])]) << s;
+
+  const testing::ConvGrads ref = testing::conv2d_backward_ref(d.x, w, b, false, dconv);
+  const Tol grad_tol = half ? Tol{2e-2, 1e-2} : testing::fp32_reduction_tol(g.n * ph * pw);
+  EXPECT_TRUE(all_close(r.dw, ref.dw, grad_tol)) << "dW";
+  EXPECT_TRUE(all_close(r.db, ref.db, grad_tol)) << "db";
+  if (!from_dataset) {
+    EXPECT_TRUE(all_close(r.dx, ref.dx, half ? Tol{1e-2, 1e-2} : Tol{1e-5, 1e-4})) << "dx";
+  }
+}
+
+// The model's first layer on MNIST-sized images (a batch of 9: three chunks of the weight
+// gradient, the last one partial), colour images of odd sizes (the pooling drops a row and
+// a column), the smallest image.
+TEST(FusedGpu, Conv1MatchesTheReference) {
+  MF_SKIP_WITHOUT_GPU();
+  for (bool half : {false, true}) {
+    check_conv({9, 28, 28, 1, 32}, true, half, 21);
+    check_conv({3, 9, 8, 3, 8}, true, half, 22);
+    check_conv({2, 4, 4, 2, 5}, true, half, 23);
+  }
+}
+
+// The model's second layer (13x13x32 -> 11x11x64, pooled to 5x5: the last row and column
+// are dropped), and odd sizes.
+TEST(FusedGpu, Conv2MatchesTheReference) {
+  MF_SKIP_WITHOUT_GPU();
+  for (bool half : {false, true}) {
+    check_conv({5, 13, 13, 32, 64}, false, half, 31);
+    check_conv({3, 8, 9, 5, 7}, false, half, 32);
+  }
+}
+
+TEST(FusedGpu, ConvolutionsGiveTheSameBitsAtEveryLaunch) {
+  MF_SKIP_WITHOUT_GPU();
+  for (bool from_dataset : {true, false}) {
+    const FusedConvSizes g = from_dataset ? FusedConvSizes{13, 28, 28, 1, 32} : FusedConvSizes{9, 13, 13, 32, 64};
+    Rng rng(24);
+    const ConvInput d = conv_input(g, from_dataset, false, rng);
+    const Tensor w = testing::uniform({g.filters, 3, 3, g.c}, -0.5f, 0.5f, rng);
+    const Tensor b = testing::uniform({g.filters}, -0.3f, 0.3f, rng);
+    const Tensor dpool = testing::uniform({g.n, (g.h - 2) / 2, (g.w - 2) / 2, g.filters}, -1, 1, rng);
+    const ConvRun a = run_conv(g, d, w, b, dpool, false), c = run_conv(g, d, w, b, dpool, false);
+    EXPECT_EQ(a.pooled.to_vector(), c.pooled.to_vector());
+    EXPECT_EQ(a.winners, c.winners);
+    EXPECT_EQ(a.dw.to_vector(), c.dw.to_vector());
+    EXPECT_EQ(a.db.to_vector(), c.db.to_vector());
+    if (!from_dataset) {
+      EXPECT_EQ(a.dx.to_vector(), c.dx.to_vector());
+    }
+  }
+}
+
+TEST(FusedGpu, ConvolutionTooSmallIsRefused) {
+  MF_SKIP_WITHOUT_GPU();
+  try {
+    launch_fused_conv_forward({1, 3, 5, 1, 4}, nullptr, nullptr, nullptr, nullptr, nullptr, false, compute_stream());
+    FAIL() << "a 3x5 input was convolved";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("3x5x1 leave no 2x2 pooling window"), std::string::npos) << e.what();
   }
 }
 

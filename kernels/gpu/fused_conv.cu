@@ -1,0 +1,280 @@
+// fused_conv.cu: the fused step's convolutions (fused.h): a 3x3 convolution with its bias,
+// ReLU and 2x2 max pooling in one pass, its weight gradient, and its data gradient.
+//
+// The library rung writes a convolution's whole output (conv1's is 26x26x32 an image:
+// 89 MB in FP32 at batch 1024), reads it back to add the bias and apply ReLU, again to pool
+// it, and again in the backward. Here a thread computes the four outputs of one pooling
+// window and keeps only their maximum and which of the four won (one byte): 4x less to
+// write, and nothing before the pooling ever reaches memory. The backward recomputes
+// nothing: the winner says which window position each gradient came through, the pooled
+// value whether ReLU let it pass (it did where the maximum is positive).
+//
+// The first convolution reads the data set's u8 pixels itself (DatasetPixels: the batch
+// gather and the normalisation folded in), the second the first one's pooled output
+// (Activations).
+#include <cuda_fp16.h>
+
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+
+#include "kernels/gpu/fused.h"
+#include "runtime/cuda_check.h"
+#include "runtime/kernel_util.cuh"
+
+namespace mf {
+
+namespace {
+
+using namespace gpu;
+using i64 = std::int64_t;
+
+constexpr int kK = 3;            // the model's kernel size
+constexpr i64 kChunkImages = 4;  // images per partial sum of a weight gradient
+
+// p / 255 as batch.cu rounds it (IEEE division): the same value as the host's float(p) / 255.
+__device__ __forceinline__ float pixel(std::uint8_t p) { return __fdiv_rn(static_cast<float>(p), 255.0f); }
+
+// The input of the first convolution: batch row s is the data set's image perm[*offset + s]
+// (perm null: image s; offset null: 0). Its kernel also writes the batch's labels.
+struct DatasetPixels {
+  const std::uint8_t* images;
+  const std::uint8_t* labels;
+  const std::int32_t* perm;
+  const std::int64_t* offset;
+  std::int32_t* labels_out;
+  i64 image_size;
+  __device__ i64 image(i64 s) const { return perm ? perm[(offset ? *offset : 0) + s] : s; }
+  __device__ const std::uint8_t* row(i64 s) const { return images + image(s) * image_size; }
+  __device__ static float at(const std::uint8_t* row, i64 i) { return pixel(row[i]); }
+  __device__ void write_label(i64 s) const {
+    if (labels_out) labels_out[s] = labels[image(s)];
+  }
+};
+
+// The input of the second convolution: the batch's activations, NHWC, f32 or f16.
+template <class T>
+struct Activations {
+  const T* x;
+  i64 image_size;
+  __device__ const T* row(i64 s) const { return x + s * image_size; }
+  __device__ static float at(const T* row, i64 i) { return to_f32(row[i]); }
+  __device__ void write_label(i64) const {}
+};
+
+__device__ __forceinline__ i64 pooled_h(const FusedConvSizes& g) { return (g.h - kK + 1) / 2; }
+__device__ __forceinline__ i64 pooled_w(const FusedConvSizes& g) { return (g.w - kK + 1) / 2; }
+
+// ---- forward: one thread per pooled output (n, py, px, f) ----
+// Window position q = 0..3 is (2py, 2px), (2py, 2px+1), (2py+1, 2px), (2py+1, 2px+1), as
+// maxpool.cu numbers it; each output is rounded to the storage type before the comparison,
+// as the library rung's stored outputs are, and a strict '>' keeps the first of equal
+// values, the first NaN over any number.
+template <class T, class In>
+__global__ void conv_pool_forward_kernel(FusedConvSizes g, In in, const T* __restrict__ w, const T* __restrict__ b,
+                                         T* pooled, std::uint8_t* winners) {
+  const i64 ph = pooled_h(g), pw = pooled_w(g), per_image = ph * pw * g.filters;
+  const i64 stride = static_cast<i64>(gridDim.x) * blockDim.x;
+  for (i64 e = static_cast<i64>(blockIdx.x) * blockDim.x + threadIdx.x; e < g.n * per_image; e += stride) {
+    const i64 f = e % g.filters, px = e / g.filters % pw, py = e / (g.filters * pw) % ph, s = e / per_image;
+    const auto* x = in.row(s);
+    const T* wf = w + f * kK * kK * g.c;
+    float best = 0.0f;
+    int arg = 0;
+    for (int q = 0; q < 4; ++q) {
+      const i64 oi = 2 * py + q / 2, oj = 2 * px + q % 2;
+      float z = to_f32(b[f]);
+      for (int r = 0; r < kK; ++r)
+        for (int t = 0; t < kK; ++t) {
+          const i64 at = ((oi + r) * g.w + oj + t) * g.c, wt = (r * kK + t) * g.c;
+          for (i64 c = 0; c < g.c; ++c) z += In::at(x, at + c) * to_f32(wf[wt + c]);
+        }
+      const float v = to_f32(from_f32<T>(z < 0.0f ? 0.0f : z));  // ReLU; NaN passes
+      if (q == 0 || v > best || (v != v && best == best)) best = v, arg = q;
+    }
+    pooled[e] = from_f32<T>(best);
+    winners[e] = static_cast<std::uint8_t>(arg);
+    if (e % per_image == 0) in.write_label(s);
+  }
+}
+
+// dz at pooled output o: dpool where the pooled value is positive (ReLU passed it), else 0.
+template <class T>
+__device__ __forceinline__ float pooled_grad(const T* dpool, const T* pooled, i64 o) {
+  return to_f32(pooled[o]) > 0.0f ? to_f32(dpool[o]) : 0.0f;
+}
+
+// ---- weight gradient: partial sums per chunk of images, then their sum in chunk order ----
+// Parameters p = 0 .. filters*9*c - 1 are the kernel (f, r, t, c) in its (K, k, k, C)
+// layout, then the filters' biases. The gradient at pooled output (n, py, px, f) came from
+// window position winners[...], so it multiplies the inputs under that position's window.
+template <class T, class In>
+__global__ void conv_wgrad_partials_kernel(FusedConvSizes g, In in, const T* __restrict__ dpool,
+                                           const T* __restrict__ pooled, const std::uint8_t* __restrict__ winners,
+                                           float* partials) {
+  const i64 ph = pooled_h(g), pw = pooled_w(g);
+  const i64 n_w = g.filters * kK * kK * g.c, params = n_w + g.filters;
+  const i64 chunk = blockIdx.x, s0 = chunk * kChunkImages, s1 = s0 + kChunkImages < g.n ? s0 + kChunkImages : g.n;
+  for (i64 p = threadIdx.x; p < params; p += blockDim.x) {
+    const bool bias = p >= n_w;
+    const i64 f = bias ? p - n_w : p / (kK * kK * g.c);
+    const i64 c = p % g.c, t = p / g.c % kK, r = p / (g.c * kK) % kK;
+    float acc = 0.0f;
+    for (i64 s = s0; s < s1; ++s) {
+      const auto* x = in.row(s);
+      for (i64 py = 0; py < ph; ++py)
+        for (i64 px = 0; px < pw; ++px) {
+          const i64 o = ((s * ph + py) * pw + px) * g.filters + f;
+          const float dz = pooled_grad(dpool, pooled, o);
+          if (dz == 0.0f) continue;  // most of them: not the winner's ReLU-passed gradient
+          if (bias) {
+            acc += dz;
+          } else {
+            const int q = winners[o];
+            acc += dz * In::at(x, ((2 * py + q / 2 + r) * g.w + 2 * px + q % 2 + t) * g.c + c);
+          }
+        }
+    }
+    partials[chunk * params + p] = acc;
+  }
+}
+
+template <class T>
+__global__ void conv_wgrad_sum_kernel(FusedConvSizes g, const float* __restrict__ partials, i64 chunks, T* dw, T* db) {
+  const i64 n_w = g.filters * kK * kK * g.c, params = n_w + g.filters;
+  const i64 stride = static_cast<i64>(gridDim.x) * blockDim.x;
+  for (i64 p = static_cast<i64>(blockIdx.x) * blockDim.x + threadIdx.x; p < params; p += stride) {
+    float acc = 0.0f;
+    for (i64 ch = 0; ch < chunks; ++ch) acc += partials[ch * params + p];
+    T* out = p < n_w ? dw + p : db + (p - n_w);
+    *out = from_f32<T>(to_f32(*out) + acc);
+  }
+}
+
+// ---- data gradient: one thread per input element dx[n, p, q, c] ----
+// Input (p, q) fed the convolution output (p - r, q - t) through tap (r, t); that output's
+// gradient is nonzero only if it won its pooling window (and ReLU passed it), so each of the
+// nine taps and each filter first checks the winner byte: the zeros are skipped, not
+// multiplied. Outputs in the row or column the pooling dropped have no window: no gradient.
+template <class T>
+__global__ void conv_dgrad_kernel(FusedConvSizes g, const T* __restrict__ dpool, const T* __restrict__ pooled,
+                                  const std::uint8_t* __restrict__ winners, const T* __restrict__ w, T* dx) {
+  const i64 ph = pooled_h(g), pw = pooled_w(g);
+  const i64 total = g.n * g.h * g.w * g.c;
+  const i64 stride = static_cast<i64>(gridDim.x) * blockDim.x;
+  for (i64 e = static_cast<i64>(blockIdx.x) * blockDim.x + threadIdx.x; e < total; e += stride) {
+    const i64 c = e % g.c, q = e / g.c % g.w, p = e / (g.c * g.w) % g.h, s = e / (g.c * g.w * g.h);
+    float acc = 0.0f;
+    for (int r = 0; r < kK; ++r)
+      for (int t = 0; t < kK; ++t) {
+        const i64 i = p - r, j = q - t;
+        if (i < 0 || j < 0 || i / 2 >= ph || j / 2 >= pw) continue;
+        const int pos = static_cast<int>((i % 2) * 2 + j % 2);
+        const i64 o0 = ((s * ph + i / 2) * pw + j / 2) * g.filters;
+        for (i64 f = 0; f < g.filters; ++f) {
+          if (winners[o0 + f] != pos) continue;
+          const float dz = pooled_grad(dpool, pooled, o0 + f);
+          if (dz != 0.0f) acc += dz * to_f32(w[((f * kK + r) * kK + t) * g.c + c]);
+        }
+      }
+    dx[e] = from_f32<T>(acc);
+  }
+}
+
+i64 chunks_of(const FusedConvSizes& g) { return (g.n + kChunkImages - 1) / kChunkImages; }
+i64 params_of(const FusedConvSizes& g) { return g.filters * kK * kK * g.c + g.filters; }
+i64 pooled_count(const FusedConvSizes& g) { return g.n * ((g.h - kK + 1) / 2) * ((g.w - kK + 1) / 2) * g.filters; }
+
+void check_sizes(const FusedConvSizes& g) {
+  if (g.h < kK + 1 || g.w < kK + 1 || g.c < 1 || g.filters < 1 || g.n < 0)
+    throw std::invalid_argument("fused convolution: inputs of " + std::to_string(g.h) + "x" + std::to_string(g.w) +
+                                "x" + std::to_string(g.c) + " leave no 2x2 pooling window after a 3x3 convolution");
+}
+
+template <class T, class In>
+void forward(const FusedConvSizes& g, const In& in, const void* w, const void* b, void* pooled, std::uint8_t* winners,
+             cudaStream_t st) {
+  conv_pool_forward_kernel<T, In><<<blocks_for(pooled_count(g)), kBlock, 0, st>>>(
+      g, in, static_cast<const T*>(w), static_cast<const T*>(b), static_cast<T*>(pooled), winners);
+  MF_CHECK_LAUNCH();
+}
+
+template <class T, class In>
+void wgrad(const FusedConvSizes& g, const In& in, const void* dpool, const void* pooled, const std::uint8_t* winners,
+           void* dw, void* db, float* partials, cudaStream_t st) {
+  const i64 chunks = chunks_of(g);
+  conv_wgrad_partials_kernel<T, In><<<static_cast<int>(chunks), kBlock, 0, st>>>(
+      g, in, static_cast<const T*>(dpool), static_cast<const T*>(pooled), winners, partials);
+  MF_CHECK_LAUNCH();
+  conv_wgrad_sum_kernel<T><<<blocks_for(params_of(g)), kBlock, 0, st>>>(g, partials, chunks, static_cast<T*>(dw),
+                                                                       static_cast<T*>(db));
+  MF_CHECK_LAUNCH();
+}
+
+DatasetPixels pixels(const FusedConvSizes& g, const FusedBatch& batch, std::int32_t* labels_out) {
+  return DatasetPixels{batch.images, batch.labels, batch.perm, batch.offset, labels_out, g.h * g.w * g.c};
+}
+template <class T>
+Activations<T> activations(const FusedConvSizes& g, const void* x) {
+  return Activations<T>{static_cast<const T*>(x), g.h * g.w * g.c};
+}
+
+}  // namespace
+
+std::size_t fused_conv_scratch_bytes(const FusedConvSizes& g) {
+  return static_cast<std::size_t>(chunks_of(g) * params_of(g)) * sizeof(float);
+}
+
+void launch_fused_conv1_forward(const FusedConvSizes& g, const FusedBatch& batch, const void* w, const void* b,
+                                void* pooled, std::uint8_t* winners, std::int32_t* labels_out, bool half,
+                                GpuStream stream) {
+  check_sizes(g);
+  if (g.n == 0) return;
+  if (half) forward<__half>(g, pixels(g, batch, labels_out), w, b, pooled, winners, stream);
+  else forward<float>(g, pixels(g, batch, labels_out), w, b, pooled, winners, stream);
+}
+
+void launch_fused_conv1_wgrad(const FusedConvSizes& g, const FusedBatch& batch, const void* dpool, const void* pooled,
+                              const std::uint8_t* winners, void* dw, void* db, float* scratch, bool half,
+                              GpuStream stream) {
+  check_sizes(g);
+  if (g.n == 0) return;
+  if (half) wgrad<__half>(g, pixels(g, batch, nullptr), dpool, pooled, winners, dw, db, scratch, stream);
+  else wgrad<float>(g, pixels(g, batch, nullptr), dpool, pooled, winners, dw, db, scratch, stream);
+}
+
+void launch_fused_conv_forward(const FusedConvSizes& g, const void* x, const void* w, const void* b, void* pooled,
+                               std::uint8_t* winners, bool half, GpuStream stream) {
+  check_sizes(g);
+  if (g.n == 0) return;
+  if (half) forward<__half>(g, activations<__half>(g, x), w, b, pooled, winners, stream);
+  else forward<float>(g, activations<float>(g, x), w, b, pooled, winners, stream);
+}
+
+void launch_fused_conv_wgrad(const FusedConvSizes& g, const void* x, const void* dpool, const void* pooled,
+                             const std::uint8_t* winners, void* dw, void* db, float* scratch, bool half,
+                             GpuStream stream) {
+  check_sizes(g);
+  if (g.n == 0) return;
+  if (half) wgrad<__half>(g, activations<__half>(g, x), dpool, pooled, winners, dw, db, scratch, stream);
+  else wgrad<float>(g, activations<float>(g, x), dpool, pooled, winners, dw, db, scratch, stream);
+}
+
+void launch_fused_conv_dgrad(const FusedConvSizes& g, const void* dpool, const void* pooled,
+                             const std::uint8_t* winners, const void* w, void* dx, bool half, GpuStream stream) {
+  check_sizes(g);
+  if (g.n == 0) return;
+  const i64 total = g.n * g.h * g.w * g.c;
+  if (half) {
+    conv_dgrad_kernel<__half><<<blocks_for(total), kBlock, 0, stream>>>(
+        g, static_cast<const __half*>(dpool), static_cast<const __half*>(pooled), winners,
+        static_cast<const __half*>(w), static_cast<__half*>(dx));
+  } else {
+    conv_dgrad_kernel<float><<<blocks_for(total), kBlock, 0, stream>>>(
+        g, static_cast<const float*>(dpool), static_cast<const float*>(pooled), winners,
+        static_cast<const float*>(w), static_cast<float*>(dx));
+  }
+  MF_CHECK_LAUNCH();
+}
+
+}  // namespace mf
