@@ -32,9 +32,7 @@ std::string rung_unavailable(KernelRung rung, Device device) {
   if (device == Device::kCpu && r == KernelRung::kFused)
     return "the rung 'fused' is the GPU's (a fused training step); the CPU has naive, library and tuned";
   if (device == Device::kGpu && r == KernelRung::kTuned)
-    return "the rung 'tuned' is the CPU's (register tiles, AVX-512); the GPU has naive and library";
-  if (device == Device::kGpu && r == KernelRung::kFused)
-    return "the rung 'fused' (the fused GPU training step) is not written yet; the GPU has naive and library";
+    return "the rung 'tuned' is the CPU's (register tiles, AVX-512); the GPU has naive, library and fused";
   return "";
 }
 

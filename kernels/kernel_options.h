@@ -9,7 +9,8 @@
 //   library  lowered to matrix products and handed to a library: im2col + Eigen on the CPU,
 //            cuDNN + cuBLAS on the GPU
 //   tuned    the CPU's own best: register tiles, AVX-512, sparse gradients
-//   fused    the GPU's own best: the fused training step (not written yet)
+//   fused    the GPU's own best: the whole training step in 9 kernels (train/fused_step.h);
+//            outside training (evaluate, predict) the layers run the library rung's forward
 // Pooling, flattening and the loss run the same code at every rung: they move memory and
 // do next to no arithmetic, so there is nothing for a rung to change in them.
 #pragma once

@@ -20,6 +20,7 @@
 
 #include "data/batching.h"
 #include "kernels/gpu/launchers.h"
+#include "kernels/kernel_options.h"
 #include "layers/softmax_xent.h"
 #include "runtime/cuda_check.h"
 #include "runtime/gpu_context.h"
@@ -37,10 +38,15 @@ using Layers = std::vector<std::unique_ptr<Layer>>;
 
 // Sizes the step's buffers for a fit (reusing what an earlier fit left) and drops the
 // graphs: anything may have run on the model since.
-void begin_fit(GpuTrainer& t, const FitOptions& o, DType dtype, const data::Dataset& train) {
+void begin_fit(GpuTrainer& t, const FitOptions& o, DType dtype, const data::Dataset& train, const Layers& layers,
+               bool fused) {
   t.graph.begin_fit(o.use_graph);
   t.fit_data = nullptr;
   t.pipeline = o.pipeline == Pipeline::kAuto ? Pipeline::kResident : o.pipeline;
+  t.fused = fused;
+  if (fused && t.pipeline != Pipeline::kResident)
+    throw std::invalid_argument(std::string("--kernels fused reads each batch from the training set kept on the GPU: "
+                                            "use --pipeline resident (or auto), not ") + pipeline_name(t.pipeline));
   t.half = dtype == DType::kF16;
   t.batch = std::min(o.batch_size, train.count);
   t.sample = train.sample_size();
@@ -51,12 +57,17 @@ void begin_fit(GpuTrainer& t, const FitOptions& o, DType dtype, const data::Data
   ensure(t.cursor, Shape{2}, DType::kI32, Device::kGpu);  // 8 bytes: one int64
   if (t.pipeline == Pipeline::kResident) ensure(t.perm, Shape{train.count}, DType::kI32, Device::kGpu);
   t.size_pipeline_buffers();
+  if (fused) t.fused_step.size(layers, t.batch, train.rows, train.cols, train.channels, t.half);
 }
 
 // Enqueues one training step of nb samples on the compute stream (eagerly, or into a graph
 // being captured), and records where every layer's output, input gradient and other step
 // buffers (Layer::step_buffers) live.
 void step_body(GpuTrainer& t, Layers& layers, Optimizer& opt, std::int64_t nb, cudaStream_t s) {
+  if (t.fused) {
+    t.graph.addrs().clear();
+    return t.fused_step.enqueue(t, layers, opt, nb, s, t.graph.addrs());
+  }
   if (t.pipeline == Pipeline::kResident)
     launch_gather_batch(t.fit_data->images.data<std::uint8_t>(), t.fit_data->labels.data<std::uint8_t>(),
                         t.perm.data<std::int32_t>(), t.cursor_ptr(), nb, t.sample, t.x.raw(), t.half,
@@ -195,7 +206,7 @@ History Sequential::fit_gpu(const data::Dataset& train, const data::Dataset* val
   const cudaStream_t s = GpuContext::current().stream();
   if (!gpu_) gpu_.reset(new GpuTrainer);
   GpuTrainer& t = *gpu_;
-  begin_fit(t, options, compute_dtype(), train);
+  begin_fit(t, options, compute_dtype(), train, layers_, rung() == KernelRung::kFused);
   refresh_half_weights();  // weights loaded into the masters since the last step
   if (t.pipeline == Pipeline::kResident) t.fit_data = &t.device_data(train, false, s);
   if (t.half) optimizer_->take_skipped_steps();  // count this fit's skipped steps only

@@ -17,6 +17,7 @@
 #include "runtime/cuda_raii.h"
 #include "tensor/tensor.h"
 #include "train/fit.h"
+#include "train/fused_step.h"
 #include "train/step_graph.h"
 
 namespace mf {
@@ -51,6 +52,8 @@ class GpuTrainer {
   Tensor eval_x, eval_labels, eval_stats, eval_cursor;
   PinnedBuffer host_stats;             // where statistics are read back to
   StepGraph graph;
+  bool fused = false;   // the fit runs the fused rung's step (--kernels fused)
+  FusedStep fused_step;
 
   std::int64_t* cursor_ptr() { return static_cast<std::int64_t*>(cursor.raw()); }
   std::int64_t* eval_cursor_ptr() { return static_cast<std::int64_t*>(eval_cursor.raw()); }

@@ -16,6 +16,7 @@
 #include "kernels/kernel_options.h"
 #include "layers/conv2d.h"
 #include "layers/dense.h"
+#include "layers/flatten.h"
 #include "optim/adam.h"
 #include "runtime/gpu_runtime.h"
 #include "tensor/half.h"
@@ -201,6 +202,102 @@ TEST(LadderGpu, NaiveTrainsToTheLibrarysLosses) {
   for (std::size_t r = 1; r < h.size(); ++r)
     for (std::size_t e = 0; e < 3; ++e)
       EXPECT_NEAR(h[r].epochs[e].loss, h[0].epochs[e].loss, 1e-3 * h[0].epochs[e].loss) << "run " << r << " epoch " << e;
+}
+
+// The fused rung's step (train/fused_step.h) trains the model as the library rung does:
+// per-epoch losses within 1e-3 relative in FP32 (both sum the same products in f32, in other
+// orders), and in FP16 it learns. Its statistics, weights and Adam state come out of 9
+// kernels instead of about 28; two runs give the same bits (no atomics).
+std::vector<mf::History> train_rungs(const std::vector<KernelRung>& rungs, DType dtype, bool graph, int images,
+                                     int epochs, std::vector<std::vector<float>>* weights = nullptr) {
+  const mf::data::Dataset train = mf::testing::synthetic(images, 27);
+  std::vector<mf::History> h;
+  for (KernelRung rung : rungs) {
+    SCOPED_TRACE(mf::rung_name(rung));
+    mf::Rng rng(28);
+    mf::Sequential m = mf::Sequential::mnist_cnn(rng);
+    mf::KernelOptions k;
+    k.rung = rung;
+    k.fma_math_only = true;
+    k.deterministic = true;
+    k.find = false;
+    m.set_kernel_options(k);
+    m.to(Device::kGpu);
+    if (dtype == DType::kF16) m.set_compute_dtype(DType::kF16);
+    m.compile(std::make_unique<mf::Adam>());
+    mf::FitOptions o;
+    o.epochs = epochs;
+    o.batch_size = 32;
+    o.seed = 29;
+    o.use_graph = graph;
+    h.push_back(m.fit(train, nullptr, o));
+    if (weights) {
+      weights->emplace_back();
+      for (mf::Parameter* p : m.parameters())
+        for (float v : p->value.to(Device::kCpu).to_vector()) weights->back().push_back(v);
+    }
+  }
+  return h;
+}
+
+TEST(LadderGpu, FusedTrainsToTheLibrarysLossesFp32) {
+  MF_SKIP_WITHOUT_GPU();
+  const auto h = train_rungs({KernelRung::kLibrary, KernelRung::kFused}, DType::kF32, true, 160, 3);  // 5 steps an epoch
+  ASSERT_EQ(h[1].epochs.size(), 3u);
+  EXPECT_LT(h[1].epochs[2].loss, 0.8 * h[1].epochs[0].loss);
+  for (std::size_t e = 0; e < 3; ++e) {
+    EXPECT_NEAR(h[1].epochs[e].loss, h[0].epochs[e].loss, 1e-3 * h[0].epochs[e].loss) << "epoch " << e;
+    EXPECT_NEAR(h[1].epochs[e].accuracy, h[0].epochs[e].accuracy, 2.0 / 160) << "epoch " << e;
+  }
+}
+
+TEST(LadderGpu, FusedLearnsFp16AndGivesTheSameBitsTwice) {
+  MF_SKIP_WITHOUT_GPU();
+  std::vector<std::vector<float>> w;
+  const auto h = train_rungs({KernelRung::kFused, KernelRung::kFused}, DType::kF16, false, 96, 3, &w);
+  EXPECT_LT(h[0].epochs[2].loss, 0.9 * h[0].epochs[0].loss);
+  EXPECT_EQ(h[0].epochs[2].loss, h[1].epochs[2].loss);
+  EXPECT_EQ(w[0], w[1]);
+}
+
+// The fused step reads the batch from the resident data set: another pipeline is refused in
+// one line, and so is a model it does not implement.
+TEST(LadderGpu, FusedRefusesOtherPipelinesAndModels) {
+  MF_SKIP_WITHOUT_GPU();
+  mf::KernelOptions k;
+  k.rung = KernelRung::kFused;
+  const mf::data::Dataset train = mf::testing::synthetic(40, 30);
+  {
+    mf::Rng rng(31);
+    mf::Sequential m = mf::Sequential::mnist_cnn(rng);
+    m.set_kernel_options(k);
+    m.to(Device::kGpu);
+    m.compile(std::make_unique<mf::Adam>());
+    mf::FitOptions o;
+    o.epochs = 1;
+    o.pipeline = mf::Pipeline::kPrefetch;
+    try {
+      m.fit(train, nullptr, o);
+      FAIL() << "the fused step ran on the prefetch pipeline";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find("use --pipeline resident"), std::string::npos) << e.what();
+    }
+  }
+  mf::Rng rng(32);
+  mf::Sequential m;
+  m.add(std::make_unique<mf::Flatten>());
+  m.add(std::make_unique<mf::Dense>(784, 10, Activation::kNone, rng));
+  m.set_input_shape(mf::Shape{28, 28, 1});
+  m.set_kernel_options(k);
+  m.to(Device::kGpu);
+  m.compile(std::make_unique<mf::Adam>());
+  try {
+    m.fit(train, nullptr, mf::FitOptions{});
+    FAIL() << "the fused step ran a model of two layers";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("runs the article's model only"), std::string::npos) << e.what();
+    EXPECT_EQ(std::string(e.what()).find('\n'), std::string::npos);
+  }
 }
 
 }  // namespace
