@@ -2,9 +2,10 @@
 // (forward, loss, backward, Adam on a fixed batch) at every rung of kernels/kernel_options.h,
 // at batch 64 (the article's) and 1024:
 //   CPU naive, library, tuned    at 1 thread and at all threads (cpu_1t, cpu_mt)
-//   GPU naive, library           FP32 and FP16
+//   GPU naive, library, fused    FP32 and FP16
 // Names: "ladder/rung:<rung>/dev:<cpu_1t|cpu_mt|gpu_fp32|gpu_fp16>/batch:<n>". Counters:
-// images/s and steps (how many steps the figure is the mean of). The report
+// images/s and steps (how many steps the figure is the mean of; for the GPU, of one epoch:
+// its time per step is the epoch's over its steps, graph capture included). The report
 // (scripts/bench_report.py) divides every rung's images/s by CPU naive's on one thread: how
 // far each step up the ladder goes, on each device.
 //
@@ -12,19 +13,16 @@
 // development machine, so each configuration runs a fixed number of steps after a warm-up
 // step (kSteps below) rather than Google Benchmark's open-ended iterations; the fast rungs
 // run for --benchmark_min_time.
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
 
 #include "bench/bench_common.h"
+#include "data/mnist.h"
 #include "kernels/kernel_options.h"
 #include "layers/softmax_xent.h"
 #include "runtime/gpu_runtime.h"
-
-#if MF_WITH_CUDA
-#include "runtime/cuda_raii.h"
-#include "runtime/gpu_context.h"
-#endif
 
 namespace mf::bench {
 namespace {
@@ -61,27 +59,31 @@ void BM_LadderCpu(benchmark::State& state, KernelRung rung, std::int64_t batch, 
   state.SetLabel(model.layers()[2]->cpu_config());  // conv2d_1, the costly layer: what it ran
 }
 
-// ---- GPU: GpuStepRunner's step at one rung, CUDA-event time of kInner steps back to back ----
-constexpr int kInner = 10;
-
+// ---- GPU: a whole epoch of Sequential::fit at one rung, EpochLog::train_seconds ----
+// The step the rung really runs (the fused rung's is not a chain of layer calls): data
+// resident, the step replayed as a CUDA graph. A warm-up fit of 2 steps first meets the
+// shapes (cuDNN's algorithm search, the buffers). The timed epoch includes its one graph
+// capture. An epoch is 48,000 synthetic images (MF_BENCH_EPOCH_IMAGES for smoke runs).
 void BM_LadderGpu(benchmark::State& state, KernelRung rung, std::int64_t batch, DType dtype) {
   MF_BENCH_REQUIRE_GPU(state);
-#if MF_WITH_CUDA
-  GpuStepRunner runner(batch, dtype);
-  runner.model().set_kernel_options(at(rung));
-  for (int i = 0; i < 2; ++i) runner.step();  // algorithms, workspace, buffers
-  gpu_synchronize();
-  EventTimer timer(GpuContext::current().stream());
-  while (state.KeepRunningBatch(kInner)) {
-    timer.start();
-    for (int i = 0; i < kInner; ++i) runner.step();
-    state.SetIterationTime(timer.stop_seconds());
+  static const data::Dataset epoch = synthetic_mnist(epoch_images(), 7);
+  Sequential model = make_model(Device::kGpu, dtype);
+  model.set_kernel_options(at(rung));
+  FitOptions o;
+  o.epochs = 1;
+  o.batch_size = batch;
+  o.seed = 11;
+  model.fit(data::subset(epoch, 0, std::min<std::int64_t>(epoch.count, 2 * batch)), nullptr, o);
+  std::int64_t steps = 0;
+  for (auto _ : state) {
+    const History h = model.fit(epoch, nullptr, o);
+    state.SetIterationTime(h.epochs.back().train_seconds);
+    steps = h.epochs.back().steps;
   }
-  set_counters(state, batch);
-  state.SetLabel(runner.model().layers()[2]->gpu_config());
-#else
-  (void)rung, (void)batch, (void)dtype;
-#endif
+  using C = benchmark::Counter;
+  state.counters["images/s"] = C(static_cast<double>(epoch.count), C::kIsIterationInvariantRate);
+  state.counters["steps"] = static_cast<double>(steps);
+  state.SetLabel(model.gpu_training_info());
 }
 
 // Steps each configuration is timed over: enough that the figure moves by a few percent at
@@ -105,13 +107,14 @@ void register_all() {
         if (const int steps = cpu_steps(rung, batch)) b->Iterations(steps);
       }
   for (std::int64_t batch : {64, 1024})
-    for (KernelRung rung : {KernelRung::kNaive, KernelRung::kLibrary})
+    for (KernelRung rung : {KernelRung::kNaive, KernelRung::kLibrary, KernelRung::kFused})
       for (DType dt : {DType::kF32, DType::kF16})
         register_guarded(std::string("ladder/rung:") + rung_name(rung) + "/dev:" +
                              (dt == DType::kF16 ? "gpu_fp16" : "gpu_fp32") + "/batch:" + std::to_string(batch),
                          BM_LadderGpu, rung, batch, dt)
             ->Unit(benchmark::kMillisecond)
-            ->UseManualTime();
+            ->UseManualTime()
+            ->Iterations(2);
 }
 
 }  // namespace

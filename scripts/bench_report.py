@@ -310,7 +310,8 @@ LADDER = [("naive", "cpu_1t", "CPU naive, 1 thread"), ("naive", "cpu_mt", "CPU n
           ("library", "cpu_1t", "CPU library, 1 thread"), ("library", "cpu_mt", "CPU library, all threads"),
           ("tuned", "cpu_1t", "CPU tuned, 1 thread"), ("tuned", "cpu_mt", "CPU tuned, all threads"),
           ("naive", "gpu_fp32", "GPU naive, FP32"), ("naive", "gpu_fp16", "GPU naive, FP16"),
-          ("library", "gpu_fp32", "GPU library, FP32"), ("library", "gpu_fp16", "GPU library, FP16")]
+          ("library", "gpu_fp32", "GPU library, FP32"), ("library", "gpu_fp16", "GPU library, FP16"),
+          ("fused", "gpu_fp32", "GPU fused, FP32"), ("fused", "gpu_fp16", "GPU fused, FP16")]
 LADDER_BATCHES = [64, 1024]
 
 
@@ -320,7 +321,8 @@ def ladder_section(res, md):
     md.append("## The kernel ladder: one training step at every rung\n")
     md.append("`bench_ladder`: one training step of the model (forward, loss, backward, Adam) at each rung of "
               "`train_mnist --kernels` (docs/gpu_vs_cpu.md). *Speedup* divides images/s by CPU naive on one "
-              "thread at the same batch. *Steps* is how many steps the time is the mean of, after a warm-up step.\n")
+              "thread at the same batch. *Steps* is how many steps the time is the mean of, after a warm-up step "
+              "(GPU rows: one epoch of `Sequential::fit`, its graph capture included).\n")
     rows, values = [], {}
     for batch in LADDER_BATCHES:
         base = res.find("ladder", rung="naive", dev="cpu_1t", batch=batch)
@@ -331,7 +333,9 @@ def ladder_section(res, md):
             rate = r.get("images/s") if r else None
             values[batch].append(rate)
             missing = gpu_cell("not measured yet") if dev.startswith("gpu") else "-"
-            rows.append([name, batch, fmt_time(secs(r)) if r else missing,
+            # CPU rows time one step; GPU rows a whole epoch of `steps` steps.
+            per_step = (secs(r) / r.get("steps", 1) if dev.startswith("gpu") and r.get("steps") else secs(r)) if r else None
+            rows.append([name, batch, fmt_time(per_step) if r else missing,
                          f"{rate:,.0f}" if rate else missing, fmt_x(ratio(rate, base_rate)) if r else missing,
                          f"{r.get('steps', 0):.0f}" if r else "-"])
     md.append(table(["rung", "batch", "time / step", "images/s", "speedup", "steps"], rows))
