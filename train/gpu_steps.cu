@@ -128,6 +128,10 @@ void check_loss_scale(double scale, double min_scale, std::int64_t skipped, std:
                              std::to_string(epoch + 1) + " skipped for inf/NaN gradients" + tail);
 }
 
+// The fused step's graphs hold this many steps each (step_graph.h): an epoch of 750 steps is
+// 47 launches.
+constexpr int kFusedStepsPerGraph = 16;
+
 // The GPU's side of the epoch loop (train/fit.h).
 class GpuSteps : public StepRunner {
  public:
@@ -138,6 +142,8 @@ class GpuSteps : public StepRunner {
   void begin_epoch(int, const std::vector<std::int32_t>& perm) override {
     perm_ = &perm;
     checked_ = skipped_ = 0;
+    pending_ = 0;
+    cut_ = false;
     t_.stats.fill_zero_async(s_);
     if (t_.pipeline == Pipeline::kResident) {
       // One 4-byte index per image (192 KB for 48k) and a reset cursor: the epoch's only
@@ -150,12 +156,31 @@ class GpuSteps : public StepRunner {
   }
 
   void step(int, std::int64_t step, std::int64_t b0, std::int64_t nb) override {
+    if (group_ > 1 && nb == batch_) {
+      // Grouped: the full batches in runs of group_ steps from the epoch's start (the last
+      // run before the partial batch is shorter, the same length every epoch), each run one
+      // graph launch. The rest of a run cut by progress() goes step by step.
+      const bool run_ends = (step + 1) % group_ == 0 || step + 1 == full_steps_;
+      if (cut_) {
+        run_steps(batch_, 1);
+        cut_ = !run_ends;
+        return;
+      }
+      ++pending_;
+      if (run_ends) {
+        run_steps(batch_, pending_);
+        pending_ = 0;
+      }
+      return;
+    }
+    flush();
     if (prefetch_) prefetch_->feed(step, nb, s_);
     else if (t_.pipeline == Pipeline::kNaive) t_.naive_feed(train_, perm_->data() + b0, nb, s_);
-    t_.graph.run(nb, s_, opt_.learning_rate(), [&] { step_body(t_, layers_, opt_, nb, s_); });
+    run_steps(nb, 1);
   }
 
   StepStats progress(int epoch, std::int64_t steps_done) override {
+    flush();
     const StepStats st = t_.read_stats(t_.stats, s_);  // waits for the GPU
     if (!t_.half && !std::isfinite(st.loss_sum)) throw_non_finite(st.loss_sum, false, epoch, checked_, steps_done);
     checked_ = steps_done;
@@ -167,6 +192,7 @@ class GpuSteps : public StepRunner {
   }
 
   void end_epoch(int epoch, std::int64_t steps_done, bool complete, EpochLog& log) override {
+    flush();
     if (prefetch_) prefetch_->finish();
     const StepStats st = t_.read_stats(t_.stats, s_);  // the final wait for the GPU
     log.samples = static_cast<std::int64_t>(st.count);
@@ -185,6 +211,18 @@ class GpuSteps : public StepRunner {
   }
 
  private:
+  void run_steps(std::int64_t nb, int k) {
+    t_.graph.run(nb, s_, opt_.learning_rate(), [&] { step_body(t_, layers_, opt_, nb, s_); }, k);
+  }
+  // Runs the steps a grouped run holds back, one by one (before anyone reads the GPU's
+  // statistics); the rest of their run follows them one by one too.
+  void flush() {
+    if (pending_ == 0) return;
+    for (int i = 0; i < pending_; ++i) run_steps(batch_, 1);
+    pending_ = 0;
+    cut_ = true;
+  }
+
   GpuTrainer& t_;
   Layers& layers_;
   Optimizer& opt_;
@@ -194,6 +232,12 @@ class GpuSteps : public StepRunner {
   const std::vector<std::int32_t>* perm_ = nullptr;
   std::unique_ptr<Prefetcher> prefetch_;
   std::int64_t checked_ = 0, skipped_ = 0;  // steps whose loss was seen finite; FP16 steps skipped
+  // Steps per graph launch: kFusedStepsPerGraph for the fused step (its batch is read on the
+  // device), else 1; the full batches of an epoch; the steps held back; a run was cut.
+  const int group_ = t_.fused ? kFusedStepsPerGraph : 1;
+  const std::int64_t full_steps_ = train_.count / batch_;
+  int pending_ = 0;
+  bool cut_ = false;
 };
 
 }  // namespace
@@ -215,7 +259,8 @@ History Sequential::fit_gpu(const data::Dataset& train, const data::Dataset* val
 }
 
 void Sequential::buffers_written(const std::vector<const void*>& addrs, std::size_t first) {
-  if (!gpu_) return;
+  // The fused step's graphs use buffers of its own, which no layer call moves.
+  if (!gpu_ || gpu_->fused) return;
   // The layers' own step buffers, recorded after the outputs and the input gradients: a
   // training-mode forward from a callback may have moved one (MaxPool2D's argmax_) while
   // every output still fitted.

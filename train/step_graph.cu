@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <stdexcept>
+#include <string>
 #include <utility>
 
 #include "runtime/cuda_check.h"
@@ -38,23 +39,24 @@ void StepGraph::drop() {
   graph_addrs_.clear();
 }
 
-void StepGraph::run(std::int64_t nb, cudaStream_t s, float lr, const std::function<void()>& body) {
-  if (!enabled_) {
-    body();
-    ++eager_steps_;
-    return;
-  }
+void StepGraph::run(std::int64_t nb, cudaStream_t s, float lr, const std::function<void()>& body, int k) {
+  if (k < 1) throw std::logic_error("StepGraph::run: k = " + std::to_string(k) + " steps, at least 1");
+  const auto eager = [&] {
+    for (int i = 0; i < k; ++i) body();
+    eager_steps_ += k;
+  };
+  if (!enabled_) return eager();
   const void* workspace = GpuContext::current().workspace(0);
   if (!graphs_.empty() && (workspace != graph_workspace_ || lr != graph_lr_)) drop();
-  const auto found = graphs_.find(nb);
+  const Key key{nb, k};
+  const auto found = graphs_.find(key);
   if (found != graphs_.end()) {
     MF_GPU_CHECK(cudaGraphLaunch(found->second.get(), s));
     ++replays_;
     return;
   }
-  if (!warm_.count(nb)) {  // first step of this size: eager (algorithms, workspace, buffers)
-    body();
-    ++eager_steps_;
+  if (!warm_.count(nb)) {  // first steps of this size: eager (algorithms, workspace, buffers)
+    eager();
     if (!graphs_.empty() && step_addrs_ != graph_addrs_) drop();  // buffers moved
     warm_.insert(nb);
     return;
@@ -68,7 +70,7 @@ void StepGraph::run(std::int64_t nb, cudaStream_t s, float lr, const std::functi
   try {
     MF_GPU_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
     try {
-      body();
+      for (int i = 0; i < k; ++i) body();
     } catch (...) {
       abandon_capture(s);
       throw;
@@ -89,9 +91,7 @@ void StepGraph::run(std::int64_t nb, cudaStream_t s, float lr, const std::functi
                          "running it eagerly\n", e.what());
     enabled_ = false;
     drop();
-    body();
-    ++eager_steps_;
-    return;
+    return eager();
   }
   // The step is dozens of kernels; an empty graph means its work went to another stream
   // (and ran once, during capture, instead of being recorded).
@@ -102,9 +102,9 @@ void StepGraph::run(std::int64_t nb, cudaStream_t s, float lr, const std::functi
   graph_workspace_ = GpuContext::current().workspace(0);
   graph_lr_ = lr;
   warm_.insert(nb);
-  GraphExec& g = graphs_[nb];
+  GraphExec& g = graphs_[key];
   g = std::move(owned);
-  nodes_[nb] = nodes;
+  nodes_[key] = nodes;
   ++captures_;
   MF_GPU_CHECK(cudaGraphLaunch(g.get(), s));  // the captured step has not run yet
   ++replays_;
@@ -128,8 +128,9 @@ std::string StepGraph::describe() const {
   std::string s = "step as a CUDA graph";
   if (nodes_.empty()) s += " (none captured yet)";
   bool first = true;
-  for (const auto& [size, count] : nodes_) {
-    s += (first ? ": batch " : ", batch ") + std::to_string(size) + " -> " + std::to_string(count) + " nodes";
+  for (const auto& [key, count] : nodes_) {
+    s += (first ? ": batch " : ", batch ") + std::to_string(key.first) +
+         (key.second > 1 ? " x" + std::to_string(key.second) : "") + " -> " + std::to_string(count) + " nodes";
     first = false;
   }
   return s + "; " + std::to_string(captures_) + " captures, " + std::to_string(replays_) + " replays, " +

@@ -208,11 +208,15 @@ TEST(LadderGpu, NaiveTrainsToTheLibrarysLosses) {
 // per-epoch losses within 1e-3 relative in FP32 (both sum the same products in f32, in other
 // orders), and in FP16 it learns. Its statistics, weights and Adam state come out of 9
 // kernels instead of about 28; two runs give the same bits (no atomics).
+// `progress_on_second`: the second run reports its progress after every step, which makes
+// the GPU run each step on its own instead of 16 to a graph launch (train/gpu_steps.cu).
 std::vector<mf::History> train_rungs(const std::vector<KernelRung>& rungs, DType dtype, bool graph, int images,
-                                     int epochs, std::vector<std::vector<float>>* weights = nullptr) {
+                                     int epochs, int batch, std::vector<std::vector<float>>* weights = nullptr,
+                                     bool progress_on_second = false) {
   const mf::data::Dataset train = mf::testing::synthetic(images, 27);
   std::vector<mf::History> h;
   for (KernelRung rung : rungs) {
+    const bool progress = progress_on_second && h.size() == 1;
     SCOPED_TRACE(mf::rung_name(rung));
     mf::Rng rng(28);
     mf::Sequential m = mf::Sequential::mnist_cnn(rng);
@@ -227,10 +231,19 @@ std::vector<mf::History> train_rungs(const std::vector<KernelRung>& rungs, DType
     m.compile(std::make_unique<mf::Adam>());
     mf::FitOptions o;
     o.epochs = epochs;
-    o.batch_size = 32;
+    o.batch_size = batch;
     o.seed = 29;
     o.use_graph = graph;
-    h.push_back(m.fit(train, nullptr, o));
+    mf::FitCallbacks calls;
+    int reports = 0;
+    if (progress) {
+      o.progress_interval_s = 0;
+      calls.on_progress = [&](const mf::Progress&) { ++reports; };
+    }
+    h.push_back(m.fit(train, nullptr, o, calls));
+    if (progress) {
+      EXPECT_EQ(reports, epochs * ((images + batch - 1) / batch));
+    }
     if (weights) {
       weights->emplace_back();
       for (mf::Parameter* p : m.parameters())
@@ -242,21 +255,37 @@ std::vector<mf::History> train_rungs(const std::vector<KernelRung>& rungs, DType
 
 TEST(LadderGpu, FusedTrainsToTheLibrarysLossesFp32) {
   MF_SKIP_WITHOUT_GPU();
-  const auto h = train_rungs({KernelRung::kLibrary, KernelRung::kFused}, DType::kF32, true, 160, 3);  // 5 steps an epoch
+  const auto h = train_rungs({KernelRung::kLibrary, KernelRung::kFused}, DType::kF32, true, 150, 3, 32);  // 4 steps + 22 images
   ASSERT_EQ(h[1].epochs.size(), 3u);
   EXPECT_LT(h[1].epochs[2].loss, 0.8 * h[1].epochs[0].loss);
   for (std::size_t e = 0; e < 3; ++e) {
     EXPECT_NEAR(h[1].epochs[e].loss, h[0].epochs[e].loss, 1e-3 * h[0].epochs[e].loss) << "epoch " << e;
-    EXPECT_NEAR(h[1].epochs[e].accuracy, h[0].epochs[e].accuracy, 2.0 / 160) << "epoch " << e;
+    EXPECT_NEAR(h[1].epochs[e].accuracy, h[0].epochs[e].accuracy, 2.0 / 150) << "epoch " << e;
+  }
+}
+
+// Over 200 steps of batch 8 (2 epochs of 800 images) the two rungs still agree in FP32:
+// per-epoch losses within 1 % and accuracies within a point.
+TEST(LadderGpu, FusedFollowsTheLibraryOverHundredsOfSteps) {
+  MF_SKIP_WITHOUT_GPU();
+  const auto h = train_rungs({KernelRung::kLibrary, KernelRung::kFused}, DType::kF32, true, 800, 2, 8);
+  ASSERT_EQ(h[1].epochs.size(), 2u);
+  EXPECT_EQ(h[1].epochs[0].steps, 100);
+  EXPECT_LT(h[1].epochs[1].loss, 0.8 * h[1].epochs[0].loss);
+  for (std::size_t e = 0; e < 2; ++e) {
+    EXPECT_NEAR(h[1].epochs[e].loss, h[0].epochs[e].loss, 1e-2 * h[0].epochs[e].loss) << "epoch " << e;
+    EXPECT_NEAR(h[1].epochs[e].accuracy, h[0].epochs[e].accuracy, 0.01) << "epoch " << e;
   }
 }
 
 TEST(LadderGpu, FusedLearnsFp16AndGivesTheSameBitsTwice) {
   MF_SKIP_WITHOUT_GPU();
+  // 280 images of batch 16: 17 full steps an epoch (a graph of 16 steps and one of 1) and a
+  // partial batch of 8; the second run steps one by one (it reports progress at every step).
   std::vector<std::vector<float>> w;
-  const auto h = train_rungs({KernelRung::kFused, KernelRung::kFused}, DType::kF16, false, 96, 3, &w);
-  EXPECT_LT(h[0].epochs[2].loss, 0.9 * h[0].epochs[0].loss);
-  EXPECT_EQ(h[0].epochs[2].loss, h[1].epochs[2].loss);
+  const auto h = train_rungs({KernelRung::kFused, KernelRung::kFused}, DType::kF16, true, 280, 2, 16, &w, true);
+  EXPECT_LT(h[0].epochs[1].loss, 0.9 * h[0].epochs[0].loss);
+  EXPECT_EQ(h[0].epochs[1].loss, h[1].epochs[1].loss);
   EXPECT_EQ(w[0], w[1]);
 }
 
