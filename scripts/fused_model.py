@@ -9,7 +9,9 @@ Every number it prints is a PREDICTION from the constants below, not a measureme
 run (scripts/device_check.sh) puts the measured time per kernel beside it.
 
 A kernel's time is max(latency floor, bytes / bandwidth, FLOPs / rate) plus the cost of its
-graph node, and a replay costs REPLAY_US, shared by the STEPS_PER_REPLAY steps it runs.
+graph node, and a replay costs REPLAY_US, shared by the STEPS_PER_REPLAY steps it runs. The
+kernels are those train/fused_step.cu launches (FP32: 12 a step; FP16: 13, the loss scaler's
+check added).
 """
 import sys
 
@@ -18,12 +20,13 @@ BANDWIDTH = 4.3e12          # bytes/s: device-to-device copies, measured
 FP32_RATE = 51e12           # FLOP/s: FP32 FMA on CUDA cores, measured
 TF32_RATE = 495e12          # FLOP/s: dense TF32 on Tensor Cores (NVIDIA's figure, not measured)
 FP16_RATE = 990e12          # FLOP/s: dense FP16 on Tensor Cores (NVIDIA's figure, not measured)
-EFFICIENCY = 0.5            # ASSUMED: our kernels reach half of a rate (CUDA cores), or
+EFFICIENCY = 0.5            # ASSUMED: tuned kernels reach half of a rate (CUDA cores), or
 TC_EFFICIENCY = 0.3         # ASSUMED: 30 % of a Tensor Core rate (mma.sync, no wgmma)
+PLAIN_EFFICIENCY = 0.15     # ASSUMED: the kernels as written (one thread per output, no tiles)
 NODE_US = 1.1               # graph node, measured
 REPLAY_US = 9.0             # one graph replay, measured
 FLOOR_US = 2.5              # ASSUMED: the shortest a kernel of this step takes (launch to finish)
-STEPS_PER_REPLAY = 8        # the design captures several steps per graph
+STEPS_PER_REPLAY = 16       # kFusedStepsPerGraph in train/gpu_steps.cu
 NONZERO = 0.15              # conv2's output gradient that is nonzero (CPU --verbose: 12-15 %)
 EPOCH_IMAGES = 48000
 
@@ -40,20 +43,29 @@ def kernels(batch, act_bytes, conv2_rate, sparse):
     a, n = act_bytes, batch
     f = lambda mac: 2.0 * mac * n  # noqa: E731  FLOPs of `mac` multiply-adds per image
     k = 1.0 if not sparse else NONZERO
-    w = 4  # master weights, gradients and Adam state stay f32
-    return [
-        ("1 gather + conv1 + bias + ReLU + pool", n * (X + P1 * a + P1), f(MAC["conv1"]), FP32_RATE * EFFICIENCY),
+    w = 4  # master weights, gradients, Adam state and the weight gradients' partial sums stay f32
+    chunks = -(-n // 4)  # the weight gradients' partial sums: one per 4 images
+    cuda = FP32_RATE * EFFICIENCY
+    rows = [
+        ("1 gather + conv1 + bias + ReLU + pool", n * (X + P1 * a + P1), f(MAC["conv1"]), conv2_rate),
         ("2 conv2 + bias + ReLU + pool", n * (P1 * a + P2 * a + P2) + 18496 * a, f(MAC["conv2"]), conv2_rate),
-        ("3a head, per sample", n * 2 * P2 * a + 102464 * a, 2 * f(MAC["dense"] + MAC["dense_1"]), FP32_RATE * EFFICIENCY),
-        ("3b head, weight gradients", n * (P2 * a + 2 * 64 * a) + 102464 * 2 * w, f(MAC["dense"] + MAC["dense_1"]),
-         FP32_RATE * EFFICIENCY),
-        ("4 pool2 bwd + mask + db + conv2 dx", n * (P2 * a + P2 + P2 * a + P1 * a) + 18496 * a, k * f(MAC["conv2"]),
-         conv2_rate if not sparse else FP32_RATE * EFFICIENCY),
-        ("5 conv2 dW", n * (P1 * a + P2 * a + P2) + 18496 * w, k * f(MAC["conv2"]),
-         conv2_rate if not sparse else FP32_RATE * EFFICIENCY),
-        ("6 pool1 bwd + mask + db + conv1 dW", n * (P1 * a + P1 + X), f(MAC["conv1"]), FP32_RATE * EFFICIENCY),
-        ("7 Adam", PARAMS * 7 * w, PARAMS * 12, FP32_RATE * EFFICIENCY),
+        ("3a head, per sample", n * 2 * P2 * a + 102464 * a, 2 * f(MAC["dense"] + MAC["dense_1"]), cuda),
+        ("3b head, weight gradients", n * (P2 * a + 2 * 64 * a) + 102464 * 2 * w, f(MAC["dense"] + MAC["dense_1"]), cuda),
+        ("4 pool2 bwd + mask + conv2 dx", n * (P2 * a + P2 + P2 * a + P1 * a) + 18496 * a, k * f(MAC["conv2"]),
+         conv2_rate if not sparse else cuda),
+        ("5a conv2 dW + db, partial sums", n * (P1 * a + P2 * a + P2) + chunks * 18496 * w, k * f(MAC["conv2"]),
+         conv2_rate if not sparse else cuda),
+        ("5b conv2 dW + db, their sum", (chunks + 1) * 18496 * w, chunks * 18496, cuda),
+        ("6a pool1 bwd + mask + conv1 dW + db, partial sums", n * (P1 * a + P1 + X) + chunks * 320 * w, f(MAC["conv1"]),
+         conv2_rate),
+        ("6b conv1 dW + db, their sum", (chunks + 1) * 320 * w, chunks * 320, cuda),
+        ("7a Adam", PARAMS * 7 * w, PARAMS * 12, cuda),
+        ("7b Adam's step count", 16, 1, cuda),
+        ("8 batch cursor", 16, 1, cuda),
     ]
+    if act_bytes == 2:  # FP16: the loss scaler's inf/NaN check of the gradients
+        rows.insert(9, ("7 unscale + check gradients", PARAMS * (2 + 4), PARAMS, cuda))
+    return rows
 
 
 def predict(batch, act_bytes, conv2_rate, sparse):
@@ -69,6 +81,8 @@ def predict(batch, act_bytes, conv2_rate, sparse):
 
 
 VARIANTS = [
+    ("FP32, the kernels as written (one thread per output)", 4, FP32_RATE * PLAIN_EFFICIENCY, False),
+    ("FP16, the kernels as written", 2, FP32_RATE * PLAIN_EFFICIENCY, False),
     ("FP32, conv2 on CUDA cores, dense gradients", 4, FP32_RATE * EFFICIENCY, False),
     ("FP32, conv2 on CUDA cores, sparse gradients", 4, FP32_RATE * EFFICIENCY, True),
     ("FP32 as TF32 on Tensor Cores for conv2, sparse gradients", 4, TF32_RATE * TC_EFFICIENCY, True),
