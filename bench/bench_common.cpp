@@ -94,6 +94,19 @@ Sequential make_model(Device device, DType dtype, std::uint64_t seed) {
   return m;
 }
 
+void time_cpu_steps(benchmark::State& state, Sequential& model, std::int64_t batch) {
+  const Tensor x = uniform_tensor(Shape{batch, 28, 28, 1}, 0.0f, 1.0f, 2);
+  const Tensor y = random_labels(batch, 10, 3);
+  Tensor stats = Tensor::zeros(Shape{kNumStats}), dlogits;
+  auto step = [&] {
+    softmax_xent(model.forward(x), y, stats, &dlogits);
+    model.backward(dlogits);
+    model.optimizer()->step();
+  };
+  step();
+  for (auto _ : state) step();
+}
+
 GpuStepRunner::GpuStepRunner(std::int64_t batch, DType dtype, std::uint64_t seed)
     : model_(make_model(Device::kGpu, dtype, seed)), batch_(batch), half_(dtype == DType::kF16) {
   x_ = uniform_tensor(Shape{batch, 28, 28, 1}, 0.0f, 1.0f, seed + 1).to(Device::kGpu);

@@ -55,6 +55,11 @@ double train_flops_per_image();
 // Adam (lr 1e-3, Keras's defaults).
 Sequential make_model(Device device, DType dtype, std::uint64_t seed = 1);
 
+// Times `model`'s CPU training step (forward, loss, backward, Adam) on a fixed batch of
+// uniform pixels, as fit_cpu runs it, once per benchmark iteration after a warm-up step
+// (which allocates every buffer).
+void time_cpu_steps(benchmark::State& state, Sequential& model, std::int64_t batch);
+
 // One training step (forward, loss, backward, Adam) of a fixed batch, enqueued through the
 // layers' public API on the compute stream, as Sequential::fit's GPU step does it, minus
 // the batch gather. The batch, its labels and the loss's buffers stay on the device.

@@ -21,7 +21,6 @@
 #include "bench/bench_common.h"
 #include "data/mnist.h"
 #include "kernels/kernel_options.h"
-#include "layers/softmax_xent.h"
 #include "runtime/gpu_runtime.h"
 
 namespace mf::bench {
@@ -44,16 +43,7 @@ void BM_LadderCpu(benchmark::State& state, KernelRung rung, std::int64_t batch, 
   use_threads(threads);
   Sequential model = make_model(Device::kCpu, DType::kF32);
   model.set_kernel_options(at(rung));
-  const Tensor x = uniform_tensor(Shape{batch, 28, 28, 1}, 0.0f, 1.0f, 2);
-  const Tensor y = random_labels(batch, 10, 3);
-  Tensor stats = Tensor::zeros(Shape{kNumStats}), dlogits;
-  auto step = [&] {
-    softmax_xent(model.forward(x), y, stats, &dlogits);
-    model.backward(dlogits);
-    model.optimizer()->step();
-  };
-  step();  // warm-up: every buffer is allocated in the first step
-  for (auto _ : state) step();
+  time_cpu_steps(state, model, batch);
   set_counters(state, batch);
   state.counters["threads"] = threads;
   state.SetLabel(model.layers()[2]->cpu_config());  // conv2d_1, the costly layer: what it ran

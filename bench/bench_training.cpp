@@ -14,7 +14,6 @@
 
 #include "bench/bench_common.h"
 #include "data/batching.h"
-#include "layers/softmax_xent.h"
 
 #if MF_WITH_CUDA
 #include <cuda_runtime.h>
@@ -49,16 +48,7 @@ void set_step_counters(benchmark::State& state, std::int64_t batch) {
 void BM_TrainStepCpu(benchmark::State& state, std::int64_t batch, int threads) {
   use_threads(threads);
   Sequential model = make_model(Device::kCpu, DType::kF32);
-  const Tensor x = uniform_tensor(Shape{batch, 28, 28, 1}, 0.0f, 1.0f, 2);
-  const Tensor y = random_labels(batch, 10, 3);
-  Tensor stats = Tensor::zeros(Shape{kNumStats}), dlogits;
-  auto step = [&] {
-    softmax_xent(model.forward(x), y, stats, &dlogits);
-    model.backward(dlogits);
-    model.optimizer()->step();
-  };
-  step();  // warm-up: every buffer is allocated in the first step
-  for (auto _ : state) step();
+  time_cpu_steps(state, model, batch);
   set_step_counters(state, batch);
   state.counters["threads"] = threads;
 }
