@@ -108,6 +108,9 @@ __device__ __forceinline__ float pooled_grad(const T* dpool, const T* pooled, i6
 // Parameters p = 0 .. filters*9*c - 1 are the kernel (f, r, t, c) in its (K, k, k, C)
 // layout, then the filters' biases. The gradient at pooled output (n, py, px, f) came from
 // window position winners[...], so it multiplies the inputs under that position's window.
+// Grid: blockIdx.x the chunk of kChunkImages images, blockIdx.y a tile of kBlock parameters;
+// one thread per (chunk, parameter), so that batch 64 (16 chunks) still fills the GPU with
+// 16 x 73 blocks for conv2.
 template <class T, class In>
 __global__ void conv_wgrad_partials_kernel(FusedConvSizes g, In in, const T* __restrict__ dpool,
                                            const T* __restrict__ pooled, const std::uint8_t* __restrict__ winners,
@@ -115,7 +118,8 @@ __global__ void conv_wgrad_partials_kernel(FusedConvSizes g, In in, const T* __r
   const i64 ph = pooled_h(g), pw = pooled_w(g);
   const i64 n_w = g.filters * kK * kK * g.c, params = n_w + g.filters;
   const i64 chunk = blockIdx.x, s0 = chunk * kChunkImages, s1 = s0 + kChunkImages < g.n ? s0 + kChunkImages : g.n;
-  for (i64 p = threadIdx.x; p < params; p += blockDim.x) {
+  const i64 p = static_cast<i64>(blockIdx.y) * blockDim.x + threadIdx.x;
+  if (p < params) {
     const bool bias = p >= n_w;
     const i64 f = bias ? p - n_w : p / (kK * kK * g.c);
     const i64 c = p % g.c, t = p / g.c % kK, r = p / (g.c * kK) % kK;
@@ -189,6 +193,9 @@ void check_sizes(const FusedConvSizes& g) {
   if (g.h < kK + 1 || g.w < kK + 1 || g.c < 1 || g.filters < 1 || g.n < 0)
     throw std::invalid_argument("fused convolution: inputs of " + std::to_string(g.h) + "x" + std::to_string(g.w) +
                                 "x" + std::to_string(g.c) + " leave no 2x2 pooling window after a 3x3 convolution");
+  if ((params_of(g) + kBlock - 1) / kBlock > 65535)  // the weight gradient's grid.y
+    throw std::invalid_argument("fused convolution: " + std::to_string(params_of(g)) +
+                                " parameters, more than its weight-gradient kernel's grid holds (16,776,960)");
 }
 
 template <class T, class In>
@@ -203,7 +210,8 @@ template <class T, class In>
 void wgrad(const FusedConvSizes& g, const In& in, const void* dpool, const void* pooled, const std::uint8_t* winners,
            void* dw, void* db, float* partials, cudaStream_t st) {
   const i64 chunks = chunks_of(g);
-  conv_wgrad_partials_kernel<T, In><<<static_cast<int>(chunks), kBlock, 0, st>>>(
+  const dim3 grid(static_cast<unsigned>(chunks), static_cast<unsigned>((params_of(g) + kBlock - 1) / kBlock));
+  conv_wgrad_partials_kernel<T, In><<<grid, kBlock, 0, st>>>(
       g, in, static_cast<const T*>(dpool), static_cast<const T*>(pooled), winners, partials);
   MF_CHECK_LAUNCH();
   conv_wgrad_sum_kernel<T><<<blocks_for(params_of(g)), kBlock, 0, st>>>(g, partials, chunks, static_cast<T*>(dw),
