@@ -9,7 +9,7 @@
 #   MF_BENCH_BIN_DIR   take the binaries from here instead (e.g. a bin/ carried to a GPU machine)
 #   MF_BENCH_MIN_TIME  --benchmark_min_time in seconds for the short benchmarks (default 0.2)
 #   MF_BENCH_FILTER    --benchmark_filter regex applied to every suite (default: all)
-#   MF_BENCH_SUITES    which suites (default: "bench_gemm bench_layers bench_training bench_memory bench_ladder")
+#   MF_BENCH_SUITES    which suites (default: "bench_gemm bench_layers bench_training bench_memory bench_ladder bench_fused")
 #   MF_BENCH_MERGE     more result folders for the report to take the rows OUT_DIR lacks from
 #
 # Without a GPU every GPU benchmark reports "no GPU: <reason>" and the CPU ones run (about
@@ -37,7 +37,7 @@ out="${1:-$root/results/bench}"
 build_dir="${MF_BUILD_DIR:-$root/build}"
 bin="${MF_BENCH_BIN_DIR:-$build_dir/bin}"
 min_time="${MF_BENCH_MIN_TIME:-0.2}"
-suites="${MF_BENCH_SUITES:-bench_gemm bench_layers bench_training bench_memory bench_ladder}"
+suites="${MF_BENCH_SUITES:-bench_gemm bench_layers bench_training bench_memory bench_ladder bench_fused}"
 
 if [ "$build" = 1 ] && [ -z "${MF_BENCH_BIN_DIR:-}" ] && [ -f "$build_dir/CMakeCache.txt" ]; then
   echo "==> building the benchmarks in $build_dir"

@@ -342,6 +342,36 @@ def ladder_section(res, md):
     return values
 
 
+# bench_fused's launches and the rows of scripts/fused_model.py they cover.
+FUSED_KERNELS = [("conv1_fwd", ("1 ",)), ("conv2_fwd", ("2 ",)), ("head", ("3a ", "3b ")), ("conv2_dgrad", ("4 ",)),
+                 ("conv2_wgrad", ("5a ", "5b ")), ("conv1_wgrad", ("6a ", "6b "))]
+
+
+def fused_section(res, md):
+    """bench_fused's time per launch beside the fused-step model's prediction for the kernels
+    as written (docs/fused_step.md); nothing when bench_fused did not run on a GPU."""
+    if not any(res.all("fused")):
+        return
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import fused_model  # noqa: E402  (the model beside this script)
+    md.append("## The fused step, launch by launch: measured against the model\n")
+    md.append("`bench_fused`: each launch of `--kernels fused`'s step on its own, 20 back to back, CUDA-event "
+              "time per launch (no graph). *Predicted*: `scripts/fused_model.py` for the kernels as written "
+              "(one thread per output), its graph-node costs left out.\n")
+    rows = []
+    for batch in LADDER_BATCHES:
+        for dev, act in (("gpu_fp32", 4), ("gpu_fp16", 2)):
+            model_rows, _, _ = fused_model.predict(batch, act, fused_model.FP32_RATE * fused_model.PLAIN_EFFICIENCY,
+                                                   False)
+            for kernel, prefixes in FUSED_KERNELS:
+                r = res.find("fused", kernel=kernel, dev=dev, batch=batch)
+                predicted = sum(t for name, _, _, t, _ in model_rows if name.startswith(prefixes))
+                measured = secs(r) * 1e6 if r else None
+                rows.append([kernel, dev, batch, f"{measured:.1f} µs" if measured is not None else "-",
+                             f"{predicted:.1f} µs", fmt_x(ratio(measured, predicted)) if measured else "-"])
+    md.append(table(["launch", "device", "batch", "measured", "predicted", "measured / predicted"], rows))
+
+
 def ladder_chart(path, values):
     """One bar per measured rung and device, grouped by batch; the unmeasured ones are named in
     the note rather than given a legend entry without a bar."""
@@ -801,6 +831,7 @@ def report(out_dir, more_dirs=()):
 
     # ---- the kernel ladder ----
     ladder = ladder_section(res, md)
+    fused_section(res, md)
 
     # ---- charts ----
     md.append("## Charts\n")

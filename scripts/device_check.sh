@@ -349,12 +349,14 @@ bench() {  # SUITE FILTER CAP
   else note "$suite: ok"; fi
 }
 # Claim 1 (a large GEMM), 8 (cuDNN autotuning), 4 and 9 (batch size, a busy GPU), 7 (memory),
-# then the ladder.
+# then the fused step's launches and the ladder.
 bench bench_gemm '^gemm/dev:gpu_(fp32|tf32|fp16)/m:(1024|4096)/' 40
 bench bench_layers '^cudnn/' 60
 bench bench_training '^(epoch/dev:gpu_fp32/mode:graph/pipeline:resident/batch:(8|32|64|256|1024)|busy/dev:gpu_fp32/mode:graph/pipeline:resident/batch:64)/' 90
 bench bench_memory '^(memory_step/dev:gpu_fp(32|16)/batch:1024|memory_limit/dev:gpu_fp32/limit_mib:256)/' 40
-# The kernel ladder's GPU rungs, and CPU naive on one thread of this machine to divide by.
+# The fused step launch by launch (quick: 24 configurations of a few launches), then the
+# kernel ladder's GPU rungs, and CPU naive on one thread of this machine to divide by.
+bench bench_fused '^fused/.*/batch:(64|1024)/' 30
 bench bench_ladder '^ladder/(rung:(naive|library|fused)/dev:gpu_fp(32|16)/batch:(64|1024)|rung:naive/dev:cpu_1t/batch:64)/' 60
 if compgen -G "$out/bench/*.json" >/dev/null; then
   timeout 30 python3 "$root/scripts/bench_report.py" "$out/bench" >"$out/bench_report.log" 2>&1 ||

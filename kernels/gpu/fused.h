@@ -1,5 +1,7 @@
 // fused.h: the kernels of the fused GPU step (train_mnist --kernels fused), one per stage
-// of the training step instead of one per operation. Written so far: the model's head.
+// of the training step instead of one per operation: the model's head, then its two
+// convolutions (each with its bias, ReLU and pooling). train/fused_step.cu runs them as one
+// step; bench/bench_fused.cpp times each launch.
 //
 // The head is everything after the last pooling: dense (in -> hidden, ReLU), dense_1
 // (hidden -> classes), softmax cross-entropy and accuracy, forward and backward. The
