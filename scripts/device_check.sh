@@ -13,14 +13,18 @@
 #   2. doctor --require-gpu: without a usable GPU the run stops here, saying why.
 #   3. the 5-epoch trainings, FP32 and FP16 at batch 64 and 1024 (an epoch's time is the
 #      median of epochs 2..N: epoch 1 holds the algorithm search and the graph capture),
-#      and two --deterministic runs that must give identical losses.
+#      the fused rung (--kernels fused) at batch 64 in both precisions, and two
+#      --deterministic runs that must give identical losses.
 #   4. timing runs of 3 epochs: graph vs eager, the three pipelines, the cuDNN heuristic,
-#      the memory cap and the out-of-memory refusal; then the PyTorch anchor, for the ratio.
+#      the memory cap and the out-of-memory refusal, the fused rung at batch 1024; then the
+#      PyTorch anchor, for the ratio.
 #   5. the GPU test binaries; a binary that fails has at most 3 of its failed tests rerun
 #      alone (a CUDA error poisons the rest of a process), none after a timeout.
 #   6. compute-sanitizer memcheck and racecheck over the kernel tests, memcheck over two
-#      training steps in FP32 and FP16 (a machine where it cannot run gets one line).
-#   7. the benchmarks the README's claims table needs.
+#      training steps in FP32, FP16 and the fused rung, racecheck over the fused kernels'
+#      tests (a machine where it cannot run gets one line).
+#   7. the benchmarks the README's claims table needs, the fused step launch by launch,
+#      the kernel ladder's GPU rungs.
 #   8. the table.
 #
 # Time: MF_DEVICE_BUDGET_S (default 450) for the whole run. Each check has a cap of its
@@ -211,6 +215,9 @@ train fp32_b64 60 --min-accuracy 0.983 --verbose
 train fp16_b64 60 --fp16 --min-accuracy 0.983 --verbose
 train fp32_b1024 45 --batch-size 1024 --verbose
 train fp16_b1024 45 --batch-size 1024 --fp16 --verbose
+# The fused rung (docs/fused_step.md): the same bar, in both precisions.
+train fused_fp32_b64 60 --kernels fused --min-accuracy 0.983 --verbose
+train fused_fp16_b64 60 --kernels fused --fp16 --min-accuracy 0.983 --verbose
 train deterministic_a 40 --epochs 3 --deterministic --verbose
 train deterministic_b 40 --epochs 3 --deterministic
 if [ -f "$out/deterministic_a.json" ] && [ -f "$out/deterministic_b.json" ]; then
@@ -237,6 +244,8 @@ train prefetch_fp32_b1024 30 --epochs 3 --pipeline prefetch --batch-size 1024
 train naive_fp32_b1024 30 --epochs 3 --pipeline naive --batch-size 1024
 train heuristic_fp32_b64 40 --epochs 3 --conv-algo heuristic
 train limit_fp32_b1024 30 --epochs 1 --batch-size 1024 --gpu-memory-limit 1024
+train fused_fp32_b1024 30 --epochs 3 --kernels fused --batch-size 1024
+train fused_fp16_b1024 30 --epochs 3 --kernels fused --batch-size 1024 --fp16
 # Must fail: one line naming the out-of-memory error, exit 1.
 check oom_fp32_b65536 30 "$kit/train_mnist" --device gpu --quiet --data "$data" --epochs 1 --batch-size 65536 \
   --gpu-memory-limit 256
@@ -292,6 +301,9 @@ run_tests test_layers_gpu 60
 run_tests test_train_gpu 150
 run_tests test_doctor_gpu 30
 run_tests test_doctor 30
+run_tests test_fused_gpu 30
+run_tests test_ladder_gpu 60
+run_tests test_checkpoint 30
 snapshot
 
 # ==== 6. compute-sanitizer ====
@@ -324,11 +336,14 @@ sanitize() {
 if command -v "$sanitizer" >/dev/null 2>&1 || [ -x "$sanitizer" ]; then
   sanitize memcheck_kernels memcheck 60 "$kit/test_kernels_gpu" --gtest_filter='KernelsGpu.*'
   sanitize racecheck_kernels racecheck 60 "$kit/test_kernels_gpu" --gtest_filter='KernelsGpu.*'
+  sanitize racecheck_fused racecheck 60 "$kit/test_fused_gpu" --gtest_filter='FusedGpu.*'
   # Two steps (128 images, batch 64) and the evaluations, in each precision.
   sanitize memcheck_train_fp32 memcheck 60 "$kit/train_mnist" --device gpu --quiet --data "$data" --epochs 1 \
     --limit-train 128
   sanitize memcheck_train_fp16 memcheck 60 "$kit/train_mnist" --device gpu --quiet --data "$data" --epochs 1 \
     --limit-train 128 --fp16
+  sanitize memcheck_train_fused memcheck 60 "$kit/train_mnist" --device gpu --quiet --data "$data" --epochs 1 \
+    --limit-train 128 --kernels fused
 else
   note "compute-sanitizer: not on this machine; skipped"
 fi

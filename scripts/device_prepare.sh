@@ -41,6 +41,7 @@ kit="$build/kit"
 rm -rf "$kit"
 mkdir -p "$kit"
 programs=(train_mnist doctor test_kernels_gpu test_layers_gpu test_train_gpu test_doctor_gpu test_doctor
+  test_fused_gpu test_ladder_gpu test_checkpoint
   bench_gemm bench_layers bench_training bench_memory bench_ladder bench_fused)
 for p in "${programs[@]}"; do
   [ -x "$build/bin/$p" ] || { echo "device_prepare: error: $build/bin/$p was not built" >&2; exit 1; }

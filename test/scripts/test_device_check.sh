@@ -52,7 +52,8 @@ sleep "${FAKE_TRAIN_S:-0}"
 JSON
 exit 0
 SH
-for t in test_kernels_gpu test_layers_gpu test_train_gpu test_doctor_gpu test_doctor; do
+for t in test_kernels_gpu test_layers_gpu test_train_gpu test_doctor_gpu test_doctor test_fused_gpu test_ladder_gpu \
+  test_checkpoint; do
   printf '#!/usr/bin/env bash\necho "[  PASSED  ] 3 tests."\n' >"$kit/$t"
 done
 for b in bench_gemm bench_layers bench_training bench_memory bench_ladder bench_fused; do printf '#!/usr/bin/env bash\nexit 0\n' >"$kit/$b"; done
