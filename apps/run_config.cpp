@@ -77,8 +77,8 @@ void define_flags(Flags& flags, Options& o) {
   flags.add_string("kernels", &o.kernels,
                    "which rung of the kernel ladder runs the layers: naive (plain loops / one CUDA thread per "
                    "output), library (im2col + Eigen / cuDNN + cuBLAS), tuned (CPU: our tiles), fused (GPU: the whole "
-                   "training step in 9 kernels, resident pipeline only); default: tuned on the CPU, library on the GPU "
-                   "(docs/gpu_vs_cpu.md)",
+                   "training step in 9 fused kernels and Adam's, resident pipeline only); default: tuned on the "
+                   "CPU, library on the GPU (docs/gpu_vs_cpu.md)",
                    {"default", "naive", "library", "tuned", "fused"});
   flags.add_string("conv-algo", &o.conv_algo, "GPU: cuDNN algorithm choice", {"find", "heuristic"});
   flags.add_int("workspace-mb", &o.workspace_mb, 0, 1 << 20, "GPU: cuDNN workspace limit in MiB");
@@ -174,15 +174,21 @@ mf::Device choose_device(const Options& o, const Flags& flags) {
   return device;
 }
 
+mf::Pipeline pipeline_of(const Options& o) {
+  using mf::Pipeline;
+  return o.pipeline == "resident"   ? Pipeline::kResident
+         : o.pipeline == "prefetch" ? Pipeline::kPrefetch
+         : o.pipeline == "naive"    ? Pipeline::kNaive
+                                    : Pipeline::kAuto;
+}
+
 mf::KernelOptions kernel_options(const Options& o, mf::Device device) {
   using namespace mf;
   KernelOptions k;
   if (o.kernels != "default" && !parse_rung(o.kernels, k.rung))
     throw std::invalid_argument("--kernels " + o.kernels + ": not a rung (naive, library, tuned or fused)");
   require_rung(k.rung, device, "--kernels " + o.kernels);
-  if (k.rung == KernelRung::kFused && o.pipeline != "auto" && o.pipeline != "resident")
-    throw std::invalid_argument("--kernels fused reads each batch from the training set kept on the GPU: use "
-                                "--pipeline resident (or auto), not " + o.pipeline);
+  if (k.rung == KernelRung::kFused) mf::check_fused_pipeline(pipeline_of(o));
   k.find = o.conv_algo == "find";
   k.workspace_limit = static_cast<std::size_t>(o.workspace_mb) << 20;
   k.deterministic = o.deterministic;

@@ -66,13 +66,15 @@ mf::Device choose_device(const Options& o, const Flags& flags);
 // The images, the validation split and --limit-train.
 RunData load_data(const Options& o);
 
-// The article's model for these images, its summary printed, on `device`, compiled with
-// the optimizer asked for.
+// --pipeline as the training loop takes it.
+mf::Pipeline pipeline_of(const Options& o);
 // The kernel options the flags ask for: --kernels, --conv-algo, --workspace-mb,
 // --deterministic, --dense-grad. Throws std::invalid_argument (one line) for a rung `device`
-// does not have.
+// does not have, and for --kernels fused with a --pipeline other than resident or auto.
 mf::KernelOptions kernel_options(const Options& o, mf::Device device);
 
+// The article's model for these images, its summary printed, on `device`, compiled with
+// the optimizer asked for.
 mf::Sequential build_model(const Options& o, const mf::data::Mnist& mnist, mf::Device device);
 
 // The flags --help marks "GPU:", given for a run on the CPU, which ignores them (and

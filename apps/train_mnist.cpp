@@ -186,10 +186,7 @@ static int run_main(int argc, char** argv) {
     // (clamping wrote "1 epoch done" beside weights trained for 2).
     fo.initial_epoch = initial_epoch;
     fo.use_graph = !o.no_graph;
-    fo.pipeline = o.pipeline == "resident" ? Pipeline::kResident
-                  : o.pipeline == "prefetch" ? Pipeline::kPrefetch
-                  : o.pipeline == "naive"    ? Pipeline::kNaive
-                                             : Pipeline::kAuto;
+    fo.pipeline = pipeline_of(o);
     note_ignored_flags(o, flags, device);
     apps::ProgressPrinter progress(stdout, !o.quiet && isatty(STDOUT_FILENO), static_cast<int>(o.epochs));
     FitCallbacks cb;

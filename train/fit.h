@@ -23,6 +23,10 @@ enum class Pipeline {
   kNaive,     // a pageable copy each step, waited for (the article's slow example)
 };
 const char* pipeline_name(Pipeline p);
+// The fused rung (--kernels fused) reads each batch from the training set kept on the GPU:
+// any pipeline but resident (kAuto is resident on the GPU) is refused in one line
+// (std::invalid_argument).
+void check_fused_pipeline(Pipeline p);
 
 struct FitOptions {
   int epochs = 5;

@@ -44,9 +44,7 @@ void begin_fit(GpuTrainer& t, const FitOptions& o, DType dtype, const data::Data
   t.fit_data = nullptr;
   t.pipeline = o.pipeline == Pipeline::kAuto ? Pipeline::kResident : o.pipeline;
   t.fused = fused;
-  if (fused && t.pipeline != Pipeline::kResident)
-    throw std::invalid_argument(std::string("--kernels fused reads each batch from the training set kept on the GPU: "
-                                            "use --pipeline resident (or auto), not ") + pipeline_name(t.pipeline));
+  if (fused) check_fused_pipeline(t.pipeline);
   t.half = dtype == DType::kF16;
   t.batch = std::min(o.batch_size, train.count);
   t.sample = train.sample_size();

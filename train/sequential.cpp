@@ -51,6 +51,12 @@ const char* pipeline_name(Pipeline p) {
   return "?";
 }
 
+void check_fused_pipeline(Pipeline p) {
+  if (p != Pipeline::kAuto && p != Pipeline::kResident)
+    throw std::invalid_argument(std::string("--kernels fused reads each batch from the training set kept on the GPU: "
+                                            "use --pipeline resident (or auto), not ") + pipeline_name(p));
+}
+
 Sequential::Sequential() = default;
 Sequential::~Sequential() = default;
 Sequential::Sequential(Sequential&&) noexcept = default;
