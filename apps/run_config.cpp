@@ -176,10 +176,9 @@ mf::Device choose_device(const Options& o, const Flags& flags) {
 
 mf::Pipeline pipeline_of(const Options& o) {
   using mf::Pipeline;
-  return o.pipeline == "resident"   ? Pipeline::kResident
-         : o.pipeline == "prefetch" ? Pipeline::kPrefetch
-         : o.pipeline == "naive"    ? Pipeline::kNaive
-                                    : Pipeline::kAuto;
+  for (Pipeline p : {Pipeline::kResident, Pipeline::kPrefetch, Pipeline::kNaive})
+    if (o.pipeline == mf::pipeline_name(p)) return p;
+  return Pipeline::kAuto;  // the flag admits only these four names
 }
 
 mf::KernelOptions kernel_options(const Options& o, mf::Device device) {
