@@ -349,7 +349,7 @@ FUSED_KERNELS = [("conv1_fwd", ("1 ",)), ("conv2_fwd", ("2 ",)), ("head", ("3a "
 
 def fused_section(res, md):
     """bench_fused's time per launch beside the fused-step model's prediction for the kernels
-    as written (docs/fused_step.md); nothing when bench_fused did not run on a GPU."""
+    as written (fused_model.as_written, docs/fused_step.md); nothing when bench_fused did not run on a GPU."""
     if not any(res.all("fused")):
         return
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -357,12 +357,11 @@ def fused_section(res, md):
     md.append("## The fused step, launch by launch: measured against the model\n")
     md.append("`bench_fused`: each launch of `--kernels fused`'s step on its own, 20 back to back, CUDA-event "
               "time per launch (no graph). *Predicted*: `scripts/fused_model.py` for the kernels as written "
-              "(one thread per output), its graph-node costs left out.\n")
+              "(the forward tiled, the gradients one thread per element), its graph-node costs left out.\n")
     rows = []
     for batch in LADDER_BATCHES:
         for dev, act in (("gpu_fp32", 4), ("gpu_fp16", 2)):
-            model_rows, _, _ = fused_model.predict(batch, act, fused_model.FP32_RATE * fused_model.PLAIN_EFFICIENCY,
-                                                   False)
+            model_rows, _, _ = fused_model.as_written(batch, act)
             for kernel, prefixes in FUSED_KERNELS:
                 r = res.find("fused", kernel=kernel, dev=dev, batch=batch)
                 predicted = sum(t for name, _, _, t, _ in model_rows if name.startswith(prefixes))

@@ -22,7 +22,7 @@ TF32_RATE = 495e12          # FLOP/s: dense TF32 on Tensor Cores (NVIDIA's figur
 FP16_RATE = 990e12          # FLOP/s: dense FP16 on Tensor Cores (NVIDIA's figure, not measured)
 EFFICIENCY = 0.5            # ASSUMED: tuned kernels reach half of a rate (CUDA cores), or
 TC_EFFICIENCY = 0.3         # ASSUMED: 30 % of a Tensor Core rate (mma.sync, no wgmma)
-PLAIN_EFFICIENCY = 0.15     # ASSUMED: the kernels as written (one thread per output, no tiles)
+PLAIN_EFFICIENCY = 0.15     # ASSUMED: the plain kernels (one thread per output, no tiles)
 NODE_US = 1.1               # graph node, measured
 REPLAY_US = 9.0             # one graph replay, measured
 FLOOR_US = 2.5              # ASSUMED: the shortest a kernel of this step takes (launch to finish)
@@ -38,17 +38,19 @@ MAC = {"conv1": 26 * 26 * 32 * 9, "conv2": 11 * 11 * 64 * 288, "dense": 1600 * 6
 PARAMS = 320 + 18496 + 102464 + 650
 
 
-def kernels(batch, act_bytes, conv2_rate, sparse):
-    """(name, bytes, FLOPs, rate) of each kernel of one step. act_bytes: 4 (FP32) or 2 (FP16)."""
+def kernels(batch, act_bytes, conv2_rate, sparse, forward_rate=None):
+    """(name, bytes, FLOPs, rate) of each kernel of one step. act_bytes: 4 (FP32) or 2 (FP16);
+    conv2_rate: the convolutions' rate, forward_rate the forward kernels' (1, 2) when it differs."""
     a, n = act_bytes, batch
+    fwd = forward_rate or conv2_rate
     f = lambda mac: 2.0 * mac * n  # noqa: E731  FLOPs of `mac` multiply-adds per image
     k = 1.0 if not sparse else NONZERO
     w = 4  # master weights, gradients, Adam state and the weight gradients' partial sums stay f32
     chunks = -(-n // 4)  # the weight gradients' partial sums: one per 4 images
     cuda = FP32_RATE * EFFICIENCY
     rows = [
-        ("1 gather + conv1 + bias + ReLU + pool", n * (X + P1 * a + P1), f(MAC["conv1"]), conv2_rate),
-        ("2 conv2 + bias + ReLU + pool", n * (P1 * a + P2 * a + P2) + 18496 * a, f(MAC["conv2"]), conv2_rate),
+        ("1 gather + conv1 + bias + ReLU + pool", n * (X + P1 * a + P1), f(MAC["conv1"]), fwd),
+        ("2 conv2 + bias + ReLU + pool", n * (P1 * a + P2 * a + P2) + 18496 * a, f(MAC["conv2"]), fwd),
         ("3a head, per sample", n * 2 * P2 * a + 102464 * a, 2 * f(MAC["dense"] + MAC["dense_1"]), cuda),
         ("3b head, weight gradients", n * (P2 * a + 2 * 64 * a) + 102464 * 2 * w, f(MAC["dense"] + MAC["dense_1"]), cuda),
         ("4 pool2 bwd + mask + conv2 dx", n * (P2 * a + P2 + P2 * a + P1 * a) + 18496 * a, k * f(MAC["conv2"]),
@@ -68,9 +70,9 @@ def kernels(batch, act_bytes, conv2_rate, sparse):
     return rows
 
 
-def predict(batch, act_bytes, conv2_rate, sparse):
+def predict(batch, act_bytes, conv2_rate, sparse, forward_rate=None):
     rows, total = [], 0.0
-    for name, bytes_, flops, rate in kernels(batch, act_bytes, conv2_rate, sparse):
+    for name, bytes_, flops, rate in kernels(batch, act_bytes, conv2_rate, sparse, forward_rate):
         t = max(FLOOR_US, bytes_ / BANDWIDTH * 1e6, flops / rate * 1e6)
         bound = "floor" if t == FLOOR_US else ("memory" if t == bytes_ / BANDWIDTH * 1e6 else "arithmetic")
         rows.append((name, bytes_ / 1e6, flops / 1e6, t, bound))
@@ -80,13 +82,22 @@ def predict(batch, act_bytes, conv2_rate, sparse):
     return rows, step, step * steps / 1e3
 
 
+def as_written(batch, act_bytes):
+    """The kernels as fused_conv.cu has them: the forward tiled (a warp per pooled position,
+    the weights in shared memory: the tuned rate), the gradients one thread per element."""
+    return predict(batch, act_bytes, FP32_RATE * PLAIN_EFFICIENCY, False, FP32_RATE * EFFICIENCY)
+
+
+# (title, activation bytes, the convolutions' rate, sparse gradients, the forward's rate if other)
 VARIANTS = [
-    ("FP32, the kernels as written (one thread per output)", 4, FP32_RATE * PLAIN_EFFICIENCY, False),
-    ("FP16, the kernels as written", 2, FP32_RATE * PLAIN_EFFICIENCY, False),
-    ("FP32, conv2 on CUDA cores, dense gradients", 4, FP32_RATE * EFFICIENCY, False),
-    ("FP32, conv2 on CUDA cores, sparse gradients", 4, FP32_RATE * EFFICIENCY, True),
-    ("FP32 as TF32 on Tensor Cores for conv2, sparse gradients", 4, TF32_RATE * TC_EFFICIENCY, True),
-    ("FP16, conv2 on Tensor Cores, dense gradients", 2, FP16_RATE * TC_EFFICIENCY, False),
+    ("FP32, all plain (one thread per output)", 4, FP32_RATE * PLAIN_EFFICIENCY, False, None),
+    ("FP32, as written: the forward tiled, the gradients plain", 4, FP32_RATE * PLAIN_EFFICIENCY, False,
+     FP32_RATE * EFFICIENCY),
+    ("FP16, as written", 2, FP32_RATE * PLAIN_EFFICIENCY, False, FP32_RATE * EFFICIENCY),
+    ("FP32, conv2 on CUDA cores, dense gradients", 4, FP32_RATE * EFFICIENCY, False, None),
+    ("FP32, conv2 on CUDA cores, sparse gradients", 4, FP32_RATE * EFFICIENCY, True, None),
+    ("FP32 as TF32 on Tensor Cores for conv2, sparse gradients", 4, TF32_RATE * TC_EFFICIENCY, True, None),
+    ("FP16, conv2 on Tensor Cores, dense gradients", 2, FP16_RATE * TC_EFFICIENCY, False, None),
 ]
 
 
@@ -96,8 +107,8 @@ def main():
         print(__doc__)
         return
     for batch in (64, 1024):
-        for title, act, rate, sparse in VARIANTS:
-            rows, step, epoch = predict(batch, act, rate, sparse)
+        for title, act, rate, sparse, forward in VARIANTS:
+            rows, step, epoch = predict(batch, act, rate, sparse, forward)
             print(f"\n### Batch {batch}: {title}\n" if md else f"\n== batch {batch}: {title}")
             if md:
                 print("| kernel | MB moved | MFLOP | predicted µs | bound by |")

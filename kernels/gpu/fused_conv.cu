@@ -14,6 +14,7 @@
 // (Activations).
 #include <cuda_fp16.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <stdexcept>
 #include <string>
@@ -65,36 +66,82 @@ struct Activations {
 __device__ __forceinline__ i64 pooled_h(const FusedConvSizes& g) { return (g.h - kK + 1) / 2; }
 __device__ __forceinline__ i64 pooled_w(const FusedConvSizes& g) { return (g.w - kK + 1) / 2; }
 
-// ---- forward: one thread per pooled output (n, py, px, f) ----
-// Window position q = 0..3 is (2py, 2px), (2py, 2px+1), (2py+1, 2px), (2py+1, 2px+1), as
-// maxpool.cu numbers it; each output is rounded to the storage type before the comparison,
-// as the library rung's stored outputs are, and a strict '>' keeps the first of equal
-// values, the first NaN over any number.
+// ---- forward: one warp per pooled position, one lane per filter ----
+// Block (image s, a tile of 32 filters, a group of pooled positions): each warp takes one
+// pooled position (py, px) at a time and each of its lanes one filter f of the tile, and
+// computes the four convolution outputs of that pooling window at once, from the 4x4 input
+// patch under it. Two things make it fast where one thread per output with the weights read
+// from global memory is slow:
+//   - the lanes of a warp read the same input value (one broadcast load), and their 32
+//     filters' weights from shared memory, a row per filter, padded by one float so that
+//     32 lanes hit 32 banks; in global memory the 32 filters' weights lie 9*c floats apart,
+//     32 cache lines for one instruction;
+//   - each weight read feeds the four window outputs, and each input read up to nine taps.
+// The weights come into shared memory kChanTile input channels at a time (37 KB), so any
+// channel count fits; with one chunk (at most 32 channels, as both of the model's layers
+// have) they are loaded once for all of the block's positions. Window position q = 0..3 is (2py, 2px), (2py, 2px+1), (2py+1, 2px),
+// (2py+1, 2px+1), as maxpool.cu numbers it; each output is rounded to the storage type
+// before the comparison, as the library rung's stored outputs are, and a strict '>' keeps
+// the first of equal values, the first NaN over any number. Sums run bias, then channel by
+// channel, tap by tap: a fixed order, the same bits at every launch.
+constexpr int kLanes = 32;                           // a warp: the filters of a tile
+constexpr int kChanTile = 32;                        // input channels of weights held at a time
+constexpr int kWarpsPerBlock = kBlock / kLanes;      // pooled positions a block works on at once
+constexpr int kTapRow = kK * kK * kChanTile + 1;     // one filter's weights in shared memory, padded
+constexpr i64 kForwardBlocksPerSm = 4;               // 4 x 37 KB of shared memory: fits an SM's 228 KB
+
 template <class T, class In>
 __global__ void conv_pool_forward_kernel(FusedConvSizes g, In in, const T* __restrict__ w, const T* __restrict__ b,
                                          T* pooled, std::uint8_t* winners) {
-  const i64 ph = pooled_h(g), pw = pooled_w(g), per_image = ph * pw * g.filters;
-  const i64 stride = static_cast<i64>(gridDim.x) * blockDim.x;
-  for (i64 e = static_cast<i64>(blockIdx.x) * blockDim.x + threadIdx.x; e < g.n * per_image; e += stride) {
-    const i64 f = e % g.filters, px = e / g.filters % pw, py = e / (g.filters * pw) % ph, s = e / per_image;
-    const auto* x = in.row(s);
-    const T* wf = w + f * kK * kK * g.c;
+  __shared__ float ws[kLanes][kTapRow];  // [filter in tile][tap * kChanTile + channel in chunk]
+  const i64 ph = pooled_h(g), pw = pooled_w(g), positions = ph * pw;
+  const i64 s = blockIdx.x, f0 = static_cast<i64>(blockIdx.y) * kLanes;
+  const int lane = static_cast<int>(threadIdx.x) % kLanes, warp = static_cast<int>(threadIdx.x) / kLanes;
+  const i64 f = f0 + lane;
+  const auto* x = in.row(s);
+  if (blockIdx.y == 0 && blockIdx.z == 0 && threadIdx.x == 0) in.write_label(s);
+  // The positions this warp takes: pos0, pos0 + step, ... All warps run the same number of
+  // rounds (the barriers need every thread), the ones past the end computing nothing.
+  const i64 step = static_cast<i64>(gridDim.z) * kWarpsPerBlock;
+  const i64 rounds = (positions + step - 1) / step;
+  for (i64 round = 0; round < rounds; ++round) {
+    const i64 pos = round * step + static_cast<i64>(blockIdx.z) * kWarpsPerBlock + warp;
+    const bool active = pos < positions && f < g.filters;
+    const i64 py = active ? pos / pw : 0, px = active ? pos % pw : 0;
+    const float bias = active ? to_f32(b[f]) : 0.0f;
+    float z[4] = {bias, bias, bias, bias};
+    for (i64 c0 = 0; c0 < g.c; c0 += kChanTile) {
+      const int cn = static_cast<int>(g.c - c0 < kChanTile ? g.c - c0 : kChanTile);
+      if (round == 0 || g.c > kChanTile) {  // a lone chunk (c <= 32, as in the model) stays for every round
+        __syncthreads();  // every warp is done with the previous chunk's weights
+        for (int i = static_cast<int>(threadIdx.x); i < kLanes * kK * kK * cn; i += static_cast<int>(blockDim.x)) {
+          const int ff = i / (kK * kK * cn), tap = i / cn % (kK * kK), cc = i % cn;  // consecutive i: consecutive cc
+          ws[ff][tap * kChanTile + cc] = f0 + ff < g.filters ? to_f32(w[((f0 + ff) * kK * kK + tap) * g.c + c0 + cc]) : 0.0f;
+        }
+        __syncthreads();
+      }
+      if (!active) continue;
+      for (int cc = 0; cc < cn; ++cc) {
+        float patch[kK + 1][kK + 1];  // the input under the window, rows 2py.., columns 2px..
+        for (int a = 0; a <= kK; ++a)
+          for (int e = 0; e <= kK; ++e) patch[a][e] = In::at(x, ((2 * py + a) * g.w + 2 * px + e) * g.c + c0 + cc);
+        for (int r = 0; r < kK; ++r)
+          for (int t = 0; t < kK; ++t) {
+            const float wv = ws[lane][(r * kK + t) * kChanTile + cc];
+            for (int q = 0; q < 4; ++q) z[q] += patch[q / 2 + r][q % 2 + t] * wv;
+          }
+      }
+    }
+    if (!active) continue;
     float best = 0.0f;
     int arg = 0;
     for (int q = 0; q < 4; ++q) {
-      const i64 oi = 2 * py + q / 2, oj = 2 * px + q % 2;
-      float z = to_f32(b[f]);
-      for (int r = 0; r < kK; ++r)
-        for (int t = 0; t < kK; ++t) {
-          const i64 at = ((oi + r) * g.w + oj + t) * g.c, wt = (r * kK + t) * g.c;
-          for (i64 c = 0; c < g.c; ++c) z += In::at(x, at + c) * to_f32(wf[wt + c]);
-        }
-      const float v = to_f32(from_f32<T>(z < 0.0f ? 0.0f : z));  // ReLU; NaN passes
+      const float v = to_f32(from_f32<T>(z[q] < 0.0f ? 0.0f : z[q]));  // ReLU; NaN passes
       if (q == 0 || v > best || (v != v && best == best)) best = v, arg = q;
     }
-    pooled[e] = from_f32<T>(best);
-    winners[e] = static_cast<std::uint8_t>(arg);
-    if (e % per_image == 0) in.write_label(s);
+    const i64 o = (s * positions + pos) * g.filters + f;
+    pooled[o] = from_f32<T>(best);
+    winners[o] = static_cast<std::uint8_t>(arg);
   }
 }
 
@@ -187,12 +234,30 @@ __global__ void conv_dgrad_kernel(FusedConvSizes g, const T* __restrict__ dpool,
 
 i64 chunks_of(const FusedConvSizes& g) { return (g.n + kChunkImages - 1) / kChunkImages; }
 i64 params_of(const FusedConvSizes& g) { return g.filters * kK * kK * g.c + g.filters; }
-i64 pooled_count(const FusedConvSizes& g) { return g.n * ((g.h - kK + 1) / 2) * ((g.w - kK + 1) / 2) * g.filters; }
+
+i64 filter_tiles(const FusedConvSizes& g) { return (g.filters + kLanes - 1) / kLanes; }
+
+// The forward's grid: (images, filter tiles, position groups), with as many position groups
+// as it takes to give every SM kForwardBlocksPerSm blocks, and no more than there are
+// positions for a block's warps. On an H100 (132 SMs) at batch 64, conv2 gets 4 groups,
+// 512 blocks; at batch 1024 one group is already 2048 blocks.
+dim3 forward_grid(const FusedConvSizes& g) {
+  const i64 positions = ((g.h - kK + 1) / 2) * ((g.w - kK + 1) / 2);
+  const i64 tiles = g.n * filter_tiles(g), wanted_blocks = kForwardBlocksPerSm * sm_count();
+  const i64 wanted = (wanted_blocks + tiles - 1) / tiles;
+  const i64 groups = std::min<i64>({(positions + kWarpsPerBlock - 1) / kWarpsPerBlock, wanted, 65535});
+  return dim3(static_cast<unsigned>(g.n), static_cast<unsigned>(filter_tiles(g)), static_cast<unsigned>(groups));
+}
 
 void check_sizes(const FusedConvSizes& g) {
   if (g.h < kK + 1 || g.w < kK + 1 || g.c < 1 || g.filters < 1 || g.n < 0)
     throw std::invalid_argument("fused convolution: inputs of " + std::to_string(g.h) + "x" + std::to_string(g.w) +
                                 "x" + std::to_string(g.c) + " leave no 2x2 pooling window after a 3x3 convolution");
+  if (filter_tiles(g) > 65535)  // the forward's grid.y
+    throw std::invalid_argument("fused convolution: " + std::to_string(g.filters) +
+                                " filters, more than its forward kernel's grid holds (2,097,120)");
+  if (g.n > 2147483647)  // the forward's grid.x
+    throw std::invalid_argument("fused convolution: a batch of " + std::to_string(g.n) + " images is too large");
   if ((params_of(g) + kBlock - 1) / kBlock > 65535)  // the weight gradient's grid.y
     throw std::invalid_argument("fused convolution: " + std::to_string(params_of(g)) +
                                 " parameters, more than its weight-gradient kernel's grid holds (16,776,960)");
@@ -201,7 +266,8 @@ void check_sizes(const FusedConvSizes& g) {
 template <class T, class In>
 void forward(const FusedConvSizes& g, const In& in, const void* w, const void* b, void* pooled, std::uint8_t* winners,
              cudaStream_t st) {
-  conv_pool_forward_kernel<T, In><<<blocks_for(pooled_count(g)), kBlock, 0, st>>>(
+  const dim3 grid = forward_grid(g);
+  conv_pool_forward_kernel<T, In><<<grid, kBlock, 0, st>>>(
       g, in, static_cast<const T*>(w), static_cast<const T*>(b), static_cast<T*>(pooled), winners);
   MF_CHECK_LAUNCH();
 }

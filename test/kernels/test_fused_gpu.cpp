@@ -351,12 +351,19 @@ TEST(FusedGpu, Conv1MatchesTheReference) {
 }
 
 // The model's second layer (13x13x32 -> 11x11x64, pooled to 5x5: the last row and column
-// are dropped), and odd sizes.
+// are dropped), and odd sizes: fewer filters than a tile of 32, and more channels and
+// filters than the forward holds at once (two chunks of channels, the last one partial;
+// two tiles of filters, the last one partial), also with more pooled positions than the
+// grid has warps, so that each warp takes several in turn and reloads every chunk of weights
+// for each (64 positions: 4 rounds on the emulation's 8 SMs; a GPU with more SMs gives each
+// warp fewer).
 TEST(FusedGpu, Conv2MatchesTheReference) {
   MF_SKIP_WITHOUT_GPU();
   for (bool half : {false, true}) {
     check_conv({5, 13, 13, 32, 64}, false, half, 31);
     check_conv({3, 8, 9, 5, 7}, false, half, 32);
+    check_conv({2, 7, 6, 41, 37}, false, half, 33);
+    check_conv({8, 19, 19, 41, 33}, false, half, 34);
   }
 }
 
