@@ -6,8 +6,9 @@
 //   conv2_fwd    kernel 2: conv2 + bias + ReLU + pool
 //   head         kernels 3a and 3b: the head forward and backward, its weight gradients
 //   conv2_dgrad  kernel 4: conv2's data gradient over the pooling winners
-//   conv2_wgrad  kernels 5a and 5b: conv2's weight and bias gradients
-//   conv1_wgrad  kernels 6a and 6b: conv1's
+//   conv2_wgrad  kernel 5: conv2's weight and bias gradients, partial sums per 4 images
+//   conv1_wgrad  kernel 6: conv1's
+//   wgrad_sums   kernel 7: both layers' partial sums added up (and the batch cursor moved)
 // Each is enqueued kInner times back to back on the compute stream, with the buffers a step
 // of the article's model leaves (its weights from the seed, the winners and gradients of one
 // step run first), and timed by CUDA events: the time per launch, graph-node costs not
@@ -81,13 +82,19 @@ class FusedLaunches {
          [=] { launch_fused_conv_dgrad(g2_, dpool2_.raw(), pooled2_.raw(), w2, w(2, 0), dpool1_.raw(), half_, s_); }},
         {"conv2_wgrad",
          [=] {
-           launch_fused_conv_wgrad(g2_, pooled1_.raw(), dpool2_.raw(), pooled2_.raw(), w2, grad(2, 0), grad(2, 1),
-                                   static_cast<float*>(scratch2_.raw()), half_, s_);
+           launch_fused_conv_wgrad_partials(g2_, pooled1_.raw(), dpool2_.raw(), pooled2_.raw(), w2,
+                                            static_cast<float*>(scratch2_.raw()), half_, s_);
          }},
         {"conv1_wgrad",
          [=] {
-           launch_fused_conv1_wgrad(g1_, batch, dpool1_.raw(), pooled1_.raw(), w1, grad(0, 0), grad(0, 1),
-                                    static_cast<float*>(scratch1_.raw()), half_, s_);
+           launch_fused_conv1_wgrad_partials(g1_, batch, dpool1_.raw(), pooled1_.raw(), w1,
+                                             static_cast<float*>(scratch1_.raw()), half_, s_);
+         }},
+        {"wgrad_sums",
+         [=] {
+           const FusedWgradSum sums[] = {{g2_, static_cast<float*>(scratch2_.raw()), grad(2, 0), grad(2, 1)},
+                                         {g1_, static_cast<float*>(scratch1_.raw()), grad(0, 0), grad(0, 1)}};
+           launch_fused_conv_wgrad_sums(sums, 2, nullptr, 0, half_, s_);
          }},
     };
   }
@@ -143,7 +150,8 @@ void BM_FusedKernel(benchmark::State& state, std::string kernel, std::int64_t ba
 void register_all() {
   for (std::int64_t batch : {64, 1024})
     for (DType dt : {DType::kF32, DType::kF16})
-      for (const char* k : {"conv1_fwd", "conv2_fwd", "head", "conv2_dgrad", "conv2_wgrad", "conv1_wgrad"})
+      for (const char* k : {"conv1_fwd", "conv2_fwd", "head", "conv2_dgrad", "conv2_wgrad", "conv1_wgrad",
+                            "wgrad_sums"})
         register_guarded(std::string("fused/kernel:") + k + "/dev:" + (dt == DType::kF16 ? "gpu_fp16" : "gpu_fp32") +
                              "/batch:" + std::to_string(batch),
                          BM_FusedKernel, std::string(k), batch, dt)

@@ -10,7 +10,7 @@ run (scripts/device_check.sh) puts the measured time per kernel beside it.
 
 A kernel's time is max(latency floor, bytes / bandwidth, FLOPs / rate) plus the cost of its
 graph node, and a replay costs REPLAY_US, shared by the STEPS_PER_REPLAY steps it runs. The
-kernels are those train/fused_step.cu launches (FP32: 12 a step; FP16: 13, the loss scaler's
+kernels are those train/fused_step.cu launches (FP32: 10 a step; FP16: 11, the loss scaler's
 check added).
 """
 import sys
@@ -55,18 +55,17 @@ def kernels(batch, act_bytes, conv2_rate, sparse, forward_rate=None):
         ("3b head, weight gradients", n * (P2 * a + 2 * 64 * a) + 102464 * 2 * w, f(MAC["dense"] + MAC["dense_1"]), cuda),
         ("4 pool2 bwd + mask + conv2 dx", n * (P2 * a + P2 + P2 * a + P1 * a) + 18496 * a, k * f(MAC["conv2"]),
          conv2_rate if not sparse else cuda),
-        ("5a conv2 dW + db, partial sums", n * (P1 * a + P2 * a + P2) + chunks * 18496 * w, k * f(MAC["conv2"]),
+        ("5 conv2 dW + db, partial sums", n * (P1 * a + P2 * a + P2) + chunks * 18496 * w, k * f(MAC["conv2"]),
          conv2_rate if not sparse else cuda),
-        ("5b conv2 dW + db, their sum", (chunks + 1) * 18496 * w, chunks * 18496, cuda),
-        ("6a pool1 bwd + mask + conv1 dW + db, partial sums", n * (P1 * a + P1 + X) + chunks * 320 * w, f(MAC["conv1"]),
+        ("6 pool1 bwd + mask + conv1 dW + db, partial sums", n * (P1 * a + P1 + X) + chunks * 320 * w, f(MAC["conv1"]),
          conv2_rate),
-        ("6b conv1 dW + db, their sum", (chunks + 1) * 320 * w, chunks * 320, cuda),
-        ("7a Adam", PARAMS * 7 * w, PARAMS * 12, cuda),
-        ("7b Adam's step count", 16, 1, cuda),
-        ("8 batch cursor", 16, 1, cuda),
+        ("7 conv2's and conv1's sums, batch cursor", (chunks + 1) * (18496 + 320) * w + 16, chunks * (18496 + 320),
+         cuda),
+        ("8a Adam", PARAMS * 7 * w, PARAMS * 12, cuda),
+        ("8b Adam's step count", 16, 1, cuda),
     ]
     if act_bytes == 2:  # FP16: the loss scaler's inf/NaN check of the gradients
-        rows.insert(9, ("7 unscale + check gradients", PARAMS * (2 + 4), PARAMS, cuda))
+        rows.insert(8, ("8 unscale + check gradients", PARAMS * (2 + 4), PARAMS, cuda))
     return rows
 
 

@@ -106,15 +106,19 @@ void FusedStep::enqueue(GpuTrainer& t, Layers& layers, Optimizer& opt, std::int6
                     opt.device_loss_scale(), fused_head_scratch(head_scratch_.raw(), gh, half), dpool2_.raw(),
                     grad(layers, 5, 0), grad(layers, 5, 1), grad(layers, 6, 0), grad(layers, 6, 1),
                     t.stats.data<float>(), half, s);
-  // Back through conv2 (its input gradient, then its parameters) and conv1 (parameters only).
+  // Back through conv2 (its input gradient, then its parameters' partial sums) and conv1
+  // (partial sums only), then both layers' sums in one launch, which also moves the batch
+  // cursor on: conv1's partials were the step's last reader of it.
+  auto* scratch2 = static_cast<float*>(conv2_scratch_.raw());
+  auto* scratch1 = static_cast<float*>(conv1_scratch_.raw());
   launch_fused_conv_dgrad(g2, dpool2_.raw(), pooled2_.raw(), win2, weights(layers, 2, 0, half), dpool1_.raw(), half, s);
-  launch_fused_conv_wgrad(g2, pooled1_.raw(), dpool2_.raw(), pooled2_.raw(), win2, grad(layers, 2, 0),
-                          grad(layers, 2, 1), static_cast<float*>(conv2_scratch_.raw()), half, s);
-  launch_fused_conv1_wgrad(g1, batch, dpool1_.raw(), pooled1_.raw(), win1, grad(layers, 0, 0), grad(layers, 0, 1),
-                           static_cast<float*>(conv1_scratch_.raw()), half, s);
+  launch_fused_conv_wgrad_partials(g2, pooled1_.raw(), dpool2_.raw(), pooled2_.raw(), win2, scratch2, half, s);
+  launch_fused_conv1_wgrad_partials(g1, batch, dpool1_.raw(), pooled1_.raw(), win1, scratch1, half, s);
+  const FusedWgradSum sums[] = {{g2, scratch2, grad(layers, 2, 0), grad(layers, 2, 1)},
+                                {g1, scratch1, grad(layers, 0, 0), grad(layers, 0, 1)}};
+  launch_fused_conv_wgrad_sums(sums, 2, t.cursor_ptr(), nb, half, s);
   for (const Tensor* b : {&pooled1_, &winners1_, &pooled2_, &winners2_, &dpool2_, &dpool1_}) addrs.push_back(b->raw());
   opt.step();
-  launch_advance_cursor(t.cursor_ptr(), nb, s);
 }
 
 }  // namespace mf

@@ -1,11 +1,12 @@
 // fused_step.h: the training step of the kernel ladder's fused rung (train_mnist --kernels
 // fused; docs/fused_step.md). The library rung's step runs each layer's forward and backward
 // through cuDNN, cuBLAS and our small kernels, about 28 launches; this one runs the article's
-// model in the 9 kernels of kernels/gpu/fused.h plus the optimizer's:
+// model in the 8 kernels of kernels/gpu/fused.h plus the optimizer's:
 //   conv1 + bias + ReLU + pool, straight from the resident data set's u8 pixels
 //   conv2 + bias + ReLU + pool
 //   the head, per sample (dense, dense_1, the loss, their gradients), then its parameters
-//   conv2's data gradient, conv2's weight gradient (2 kernels), conv1's (2 kernels)
+//   conv2's data gradient, conv2's weight gradient's partial sums, conv1's
+//   both weight gradients' sums, which also move the batch cursor on
 // Nothing before a pooling reaches memory, and the gradients visit only the pooling winners.
 // For train/*.cu only (it needs the CUDA headers).
 #pragma once
@@ -34,7 +35,7 @@ class FusedStep {
   // Sizes the step's buffers for batches of up to `batch` images of h x w x c.
   void size(const Layers& layers, std::int64_t batch, std::int64_t h, std::int64_t w, std::int64_t c, bool half);
   // Enqueues one step of nb samples on s, reading the batch at t's cursor in its resident
-  // data set; adds the loss statistics into t.stats. Records its buffers in addrs.
+  // data set and moving the cursor on by nb; adds the loss statistics into t.stats. Records its buffers in addrs.
   void enqueue(GpuTrainer& t, Layers& layers, Optimizer& opt, std::int64_t nb, cudaStream_t s,
                std::vector<const void*>& addrs);
 

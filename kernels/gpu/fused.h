@@ -57,8 +57,10 @@ void launch_fused_head(const FusedHeadSizes& g, const void* x, const void* w1, c
 // (n, (h-2)/2, (w-2)/2, filters), and for each pooled value `winners` holds which of its
 // window's four outputs won (0..3, as launch_maxpool2x2_forward numbers them). Weights
 // (filters, 3, 3, c) and biases in the activations' dtype; gradients are added (+=) in the
-// gradients' dtype. A weight gradient sums per chunk of 4 images into `scratch` (f32,
-// fused_conv_scratch_bytes()), then over the chunks in order: the same bits at every run.
+// gradients' dtype. A weight gradient takes two launches: its partial sums, one per chunk of
+// 4 images, into `scratch` (f32, fused_conv_scratch_bytes()), then their sum over the chunks
+// in order (the same bits at every run), which launch_fused_conv_wgrad_sums does for both
+// convolutions of the step at once.
 struct FusedConvSizes {
   std::int64_t n, h, w, c, filters;
 };
@@ -78,20 +80,35 @@ void launch_fused_conv1_forward(const FusedConvSizes& g, const FusedBatch& batch
                                 void* pooled, std::uint8_t* winners, std::int32_t* labels_out, bool half,
                                 GpuStream stream);
 // dpool: the gradient at the pooled output. Through the pooling (to the winner), ReLU
-// (where the pooled value is positive) and the bias, into dw and db.
-void launch_fused_conv1_wgrad(const FusedConvSizes& g, const FusedBatch& batch, const void* dpool, const void* pooled,
-                              const std::uint8_t* winners, void* dw, void* db, float* scratch, bool half,
-                              GpuStream stream);
+// (where the pooled value is positive) and the bias: the weight and bias gradients' partial
+// sums, written to scratch (launch_fused_conv_wgrad_sums adds them into dw and db).
+void launch_fused_conv1_wgrad_partials(const FusedConvSizes& g, const FusedBatch& batch, const void* dpool,
+                                       const void* pooled, const std::uint8_t* winners, float* scratch, bool half,
+                                       GpuStream stream);
 
 // The same for a convolution of activations x (n, h, w, c), f32 or f16.
 void launch_fused_conv_forward(const FusedConvSizes& g, const void* x, const void* w, const void* b, void* pooled,
                                std::uint8_t* winners, bool half, GpuStream stream);
-void launch_fused_conv_wgrad(const FusedConvSizes& g, const void* x, const void* dpool, const void* pooled,
-                             const std::uint8_t* winners, void* dw, void* db, float* scratch, bool half,
-                             GpuStream stream);
+void launch_fused_conv_wgrad_partials(const FusedConvSizes& g, const void* x, const void* dpool, const void* pooled,
+                                      const std::uint8_t* winners, float* scratch, bool half, GpuStream stream);
 // Its data gradient: dx (n, h, w, c) = the gradient at each input, through the pooling,
 // ReLU and the kernel, visiting only the outputs that won their window. Overwrites dx.
 void launch_fused_conv_dgrad(const FusedConvSizes& g, const void* dpool, const void* pooled,
                              const std::uint8_t* winners, const void* w, void* dx, bool half, GpuStream stream);
+
+// The weight gradients' second pass, for `count` (0 to kMaxWgradSums) convolutions in one
+// launch: layer l's partial sums (its scratch, written by its wgrad_partials launch) added
+// over the chunks, in chunk order, into its dw and db (the gradients' dtype: f16 when half).
+// Then, unless cursor is null, *cursor += advance: the resident pipeline's batch cursor,
+// moved on once the step has read its batch (it saves the step a one-thread launch).
+struct FusedWgradSum {
+  FusedConvSizes g;
+  const float* scratch;
+  void* dw;
+  void* db;
+};
+constexpr int kMaxWgradSums = 2;
+void launch_fused_conv_wgrad_sums(const FusedWgradSum* layers, int count, std::int64_t* cursor, std::int64_t advance,
+                                  bool half, GpuStream stream);
 
 }  // namespace mf

@@ -79,11 +79,12 @@ __device__ __forceinline__ i64 pooled_w(const FusedConvSizes& g) { return (g.w -
 //   - each weight read feeds the four window outputs, and each input read up to nine taps.
 // The weights come into shared memory kChanTile input channels at a time (37 KB), so any
 // channel count fits; with one chunk (at most 32 channels, as both of the model's layers
-// have) they are loaded once for all of the block's positions. Window position q = 0..3 is (2py, 2px), (2py, 2px+1), (2py+1, 2px),
-// (2py+1, 2px+1), as maxpool.cu numbers it; each output is rounded to the storage type
-// before the comparison, as the library rung's stored outputs are, and a strict '>' keeps
-// the first of equal values, the first NaN over any number. Sums run bias, then channel by
-// channel, tap by tap: a fixed order, the same bits at every launch.
+// have) they are loaded once for all of the block's positions. Window position q = 0..3 is
+// (2py, 2px), (2py, 2px+1), (2py+1, 2px), (2py+1, 2px+1), as maxpool.cu numbers it; each
+// output is rounded to the storage type before the comparison, as the library rung's stored
+// outputs are, and a strict '>' keeps the first of equal values, the first NaN over any
+// number. Sums run bias, then channel by channel, tap by tap: a fixed order, the same bits
+// at every launch.
 constexpr int kLanes = 32;                           // a warp: the filters of a tile
 constexpr int kChanTile = 32;                        // input channels of weights held at a time
 constexpr int kWarpsPerBlock = kBlock / kLanes;      // pooled positions a block works on at once
@@ -116,7 +117,8 @@ __global__ void conv_pool_forward_kernel(FusedConvSizes g, In in, const T* __res
         __syncthreads();  // every warp is done with the previous chunk's weights
         for (int i = static_cast<int>(threadIdx.x); i < kLanes * kK * kK * cn; i += static_cast<int>(blockDim.x)) {
           const int ff = i / (kK * kK * cn), tap = i / cn % (kK * kK), cc = i % cn;  // consecutive i: consecutive cc
-          ws[ff][tap * kChanTile + cc] = f0 + ff < g.filters ? to_f32(w[((f0 + ff) * kK * kK + tap) * g.c + c0 + cc]) : 0.0f;
+          const bool real = f0 + ff < g.filters;  // the last tile's filters past the end: zeros
+          ws[ff][tap * kChanTile + cc] = real ? to_f32(w[((f0 + ff) * kK * kK + tap) * g.c + c0 + cc]) : 0.0f;
         }
         __syncthreads();
       }
@@ -190,16 +192,34 @@ __global__ void conv_wgrad_partials_kernel(FusedConvSizes g, In in, const T* __r
   }
 }
 
+// The second pass, for up to kMaxWgradSums convolutions in one launch (a launch costs a
+// kernel's latency floor and a graph node, more than summing conv1's 320 parameters does):
+// each thread sums its parameters' partials over the chunks in chunk order, layer after
+// layer. The batch cursor's advance rides along: thread 0 of block 0, after the step's last
+// reader of the cursor (conv1's weight gradient) has finished, as stream order guarantees.
+struct WgradSums {
+  FusedWgradSum layer[kMaxWgradSums];
+  int count;
+};
 template <class T>
-__global__ void conv_wgrad_sum_kernel(FusedConvSizes g, const float* __restrict__ partials, i64 chunks, T* dw, T* db) {
-  const i64 n_w = g.filters * kK * kK * g.c, params = n_w + g.filters;
+__global__ void conv_wgrad_sums_kernel(WgradSums sums, std::int64_t* cursor, std::int64_t advance) {
+  const i64 first = static_cast<i64>(blockIdx.x) * blockDim.x + threadIdx.x;
   const i64 stride = static_cast<i64>(gridDim.x) * blockDim.x;
-  for (i64 p = static_cast<i64>(blockIdx.x) * blockDim.x + threadIdx.x; p < params; p += stride) {
-    float acc = 0.0f;
-    for (i64 ch = 0; ch < chunks; ++ch) acc += partials[ch * params + p];
-    T* out = p < n_w ? dw + p : db + (p - n_w);
-    *out = from_f32<T>(to_f32(*out) + acc);
+  for (int l = 0; l < sums.count; ++l) {
+    const FusedConvSizes g = sums.layer[l].g;
+    const i64 n_w = g.filters * kK * kK * g.c, params = n_w + g.filters;
+    const i64 chunks = (g.n + kChunkImages - 1) / kChunkImages;
+    const float* partials = sums.layer[l].scratch;
+    T* dw = static_cast<T*>(sums.layer[l].dw);
+    T* db = static_cast<T*>(sums.layer[l].db);
+    for (i64 p = first; p < params; p += stride) {
+      float acc = 0.0f;
+      for (i64 ch = 0; ch < chunks; ++ch) acc += partials[ch * params + p];
+      T* out = p < n_w ? dw + p : db + (p - n_w);
+      *out = from_f32<T>(to_f32(*out) + acc);
+    }
   }
+  if (cursor && first == 0) *cursor += advance;
 }
 
 // ---- data gradient: one thread per input element dx[n, p, q, c] ----
@@ -273,15 +293,11 @@ void forward(const FusedConvSizes& g, const In& in, const void* w, const void* b
 }
 
 template <class T, class In>
-void wgrad(const FusedConvSizes& g, const In& in, const void* dpool, const void* pooled, const std::uint8_t* winners,
-           void* dw, void* db, float* partials, cudaStream_t st) {
-  const i64 chunks = chunks_of(g);
-  const dim3 grid(static_cast<unsigned>(chunks), static_cast<unsigned>((params_of(g) + kBlock - 1) / kBlock));
+void wgrad_partials(const FusedConvSizes& g, const In& in, const void* dpool, const void* pooled,
+                    const std::uint8_t* winners, float* partials, cudaStream_t st) {
+  const dim3 grid(static_cast<unsigned>(chunks_of(g)), static_cast<unsigned>((params_of(g) + kBlock - 1) / kBlock));
   conv_wgrad_partials_kernel<T, In><<<grid, kBlock, 0, st>>>(
       g, in, static_cast<const T*>(dpool), static_cast<const T*>(pooled), winners, partials);
-  MF_CHECK_LAUNCH();
-  conv_wgrad_sum_kernel<T><<<blocks_for(params_of(g)), kBlock, 0, st>>>(g, partials, chunks, static_cast<T*>(dw),
-                                                                       static_cast<T*>(db));
   MF_CHECK_LAUNCH();
 }
 
@@ -308,13 +324,13 @@ void launch_fused_conv1_forward(const FusedConvSizes& g, const FusedBatch& batch
   else forward<float>(g, pixels(g, batch, labels_out), w, b, pooled, winners, stream);
 }
 
-void launch_fused_conv1_wgrad(const FusedConvSizes& g, const FusedBatch& batch, const void* dpool, const void* pooled,
-                              const std::uint8_t* winners, void* dw, void* db, float* scratch, bool half,
-                              GpuStream stream) {
+void launch_fused_conv1_wgrad_partials(const FusedConvSizes& g, const FusedBatch& batch, const void* dpool,
+                                       const void* pooled, const std::uint8_t* winners, float* scratch, bool half,
+                                       GpuStream stream) {
   check_sizes(g);
   if (g.n == 0) return;
-  if (half) wgrad<__half>(g, pixels(g, batch, nullptr), dpool, pooled, winners, dw, db, scratch, stream);
-  else wgrad<float>(g, pixels(g, batch, nullptr), dpool, pooled, winners, dw, db, scratch, stream);
+  if (half) wgrad_partials<__half>(g, pixels(g, batch, nullptr), dpool, pooled, winners, scratch, stream);
+  else wgrad_partials<float>(g, pixels(g, batch, nullptr), dpool, pooled, winners, scratch, stream);
 }
 
 void launch_fused_conv_forward(const FusedConvSizes& g, const void* x, const void* w, const void* b, void* pooled,
@@ -325,13 +341,31 @@ void launch_fused_conv_forward(const FusedConvSizes& g, const void* x, const voi
   else forward<float>(g, activations<float>(g, x), w, b, pooled, winners, stream);
 }
 
-void launch_fused_conv_wgrad(const FusedConvSizes& g, const void* x, const void* dpool, const void* pooled,
-                             const std::uint8_t* winners, void* dw, void* db, float* scratch, bool half,
-                             GpuStream stream) {
+void launch_fused_conv_wgrad_partials(const FusedConvSizes& g, const void* x, const void* dpool, const void* pooled,
+                                      const std::uint8_t* winners, float* scratch, bool half, GpuStream stream) {
   check_sizes(g);
   if (g.n == 0) return;
-  if (half) wgrad<__half>(g, activations<__half>(g, x), dpool, pooled, winners, dw, db, scratch, stream);
-  else wgrad<float>(g, activations<float>(g, x), dpool, pooled, winners, dw, db, scratch, stream);
+  if (half) wgrad_partials<__half>(g, activations<__half>(g, x), dpool, pooled, winners, scratch, stream);
+  else wgrad_partials<float>(g, activations<float>(g, x), dpool, pooled, winners, scratch, stream);
+}
+
+void launch_fused_conv_wgrad_sums(const FusedWgradSum* layers, int count, std::int64_t* cursor, std::int64_t advance,
+                                  bool half, GpuStream stream) {
+  if (count < 0 || count > kMaxWgradSums)
+    throw std::invalid_argument("fused weight-gradient sums: " + std::to_string(count) +
+                                " layers in one launch (at most " + std::to_string(kMaxWgradSums) + ")");
+  WgradSums sums{};
+  sums.count = count;
+  i64 widest = 1;
+  for (int l = 0; l < count; ++l) {
+    check_sizes(layers[l].g);
+    sums.layer[l] = layers[l];
+    widest = std::max(widest, params_of(layers[l].g));
+  }
+  if (count == 0 && !cursor) return;
+  if (half) conv_wgrad_sums_kernel<__half><<<blocks_for(widest), kBlock, 0, stream>>>(sums, cursor, advance);
+  else conv_wgrad_sums_kernel<float><<<blocks_for(widest), kBlock, 0, stream>>>(sums, cursor, advance);
+  MF_CHECK_LAUNCH();
 }
 
 void launch_fused_conv_dgrad(const FusedConvSizes& g, const void* dpool, const void* pooled,

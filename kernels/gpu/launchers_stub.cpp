@@ -87,17 +87,20 @@ void launch_fused_conv1_forward(const FusedConvSizes&, const FusedBatch&, const 
                                 std::uint8_t*, std::int32_t*, bool, GpuStream) {
   no_gpu("fused_conv1_forward");
 }
-void launch_fused_conv1_wgrad(const FusedConvSizes&, const FusedBatch&, const void*, const void*, const std::uint8_t*,
-                              void*, void*, float*, bool, GpuStream) {
-  no_gpu("fused_conv1_wgrad");
+void launch_fused_conv1_wgrad_partials(const FusedConvSizes&, const FusedBatch&, const void*, const void*,
+                                       const std::uint8_t*, float*, bool, GpuStream) {
+  no_gpu("fused_conv1_wgrad_partials");
 }
 void launch_fused_conv_forward(const FusedConvSizes&, const void*, const void*, const void*, void*, std::uint8_t*,
                                bool, GpuStream) {
   no_gpu("fused_conv_forward");
 }
-void launch_fused_conv_wgrad(const FusedConvSizes&, const void*, const void*, const void*, const std::uint8_t*, void*,
-                             void*, float*, bool, GpuStream) {
-  no_gpu("fused_conv_wgrad");
+void launch_fused_conv_wgrad_partials(const FusedConvSizes&, const void*, const void*, const void*, const std::uint8_t*,
+                                      float*, bool, GpuStream) {
+  no_gpu("fused_conv_wgrad_partials");
+}
+void launch_fused_conv_wgrad_sums(const FusedWgradSum*, int, std::int64_t*, std::int64_t, bool, GpuStream) {
+  no_gpu("fused_conv_wgrad_sums");
 }
 void launch_fused_conv_dgrad(const FusedConvSizes&, const void*, const void*, const std::uint8_t*, const void*, void*,
                              bool, GpuStream) {

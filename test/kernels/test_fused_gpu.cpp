@@ -259,19 +259,19 @@ ConvRun run_conv(const FusedConvSizes& g, const ConvInput& d, const Tensor& w, c
     Tensor labels_out = Tensor::zeros({g.n}, DType::kI32, Device::kGpu);
     launch_fused_conv1_forward(g, batch, wd.raw(), bd.raw(), pooled.raw(), win, labels_out.data<std::int32_t>(), half,
                                compute_stream());
-    launch_fused_conv1_wgrad(g, batch, dpd.raw(), pooled.raw(), win, dw.raw(), db.raw(), partials, half,
-                             compute_stream());
+    launch_fused_conv1_wgrad_partials(g, batch, dpd.raw(), pooled.raw(), win, partials, half, compute_stream());
     const Tensor lab = labels_out.to(Device::kCpu);
     r.labels.assign(lab.data<std::int32_t>(), lab.data<std::int32_t>() + g.n);
   } else {
     const Tensor x = dev(d.x, dt);
     Tensor dx = Tensor::zeros(d.x.shape(), dt, Device::kGpu);
     launch_fused_conv_forward(g, x.raw(), wd.raw(), bd.raw(), pooled.raw(), win, half, compute_stream());
-    launch_fused_conv_wgrad(g, x.raw(), dpd.raw(), pooled.raw(), win, dw.raw(), db.raw(), partials, half,
-                            compute_stream());
+    launch_fused_conv_wgrad_partials(g, x.raw(), dpd.raw(), pooled.raw(), win, partials, half, compute_stream());
     launch_fused_conv_dgrad(g, dpd.raw(), pooled.raw(), win, wd.raw(), dx.raw(), half, compute_stream());
     r.dx = back(dx);
   }
+  const FusedWgradSum sum{g, partials, dw.raw(), db.raw()};
+  launch_fused_conv_wgrad_sums(&sum, 1, nullptr, 0, half, compute_stream());
   r.pooled = back(pooled);
   r.dw = back(dw);
   r.db = back(db);
@@ -384,6 +384,67 @@ TEST(FusedGpu, ConvolutionsGiveTheSameBitsAtEveryLaunch) {
     if (!from_dataset) {
       EXPECT_EQ(a.dx.to_vector(), c.dx.to_vector());
     }
+  }
+}
+
+// The weight gradients' second pass for the step's two convolutions in one launch: each
+// parameter gets its layer's partial sums added in chunk order, in f32, onto what its
+// gradient held (the host repeats that order, so the bits must match exactly, also in f16,
+// rounded once at the end), and the batch cursor moves on by the batch.
+TEST(FusedGpu, WeightGradientSumsOfBothLayersInOneLaunch) {
+  MF_SKIP_WITHOUT_GPU();
+  for (bool half : {false, true}) {
+    SCOPED_TRACE(half ? "f16" : "f32");
+    const DType dt = half ? DType::kF16 : DType::kF32;
+    const FusedConvSizes g[2] = {{9, 13, 13, 32, 64}, {9, 28, 28, 1, 32}};  // conv2 (3 chunks), conv1
+    Rng rng(41);
+    std::vector<Tensor> partials, dw, db, dw0, db0;
+    FusedWgradSum sums[2];
+    for (int l = 0; l < 2; ++l) {
+      const std::int64_t params = g[l].filters * 9 * g[l].c + g[l].filters, chunks = (g[l].n + 3) / 4;
+      ASSERT_EQ(fused_conv_scratch_bytes(g[l]), static_cast<std::size_t>(chunks * params) * sizeof(float));
+      partials.push_back(testing::uniform({chunks, params}, -1, 1, rng));
+      dw0.push_back(testing::uniform({g[l].filters, 3, 3, g[l].c}, -1, 1, rng));
+      db0.push_back(testing::uniform({g[l].filters}, -1, 1, rng));
+      if (half) {
+        testing::round_to_half(dw0.back());
+        testing::round_to_half(db0.back());
+      }
+    }
+    std::vector<Tensor> partials_dev;
+    for (int l = 0; l < 2; ++l) {
+      partials_dev.push_back(dev(partials[l], DType::kF32));
+      dw.push_back(dev(dw0[l], dt));
+      db.push_back(dev(db0[l], dt));
+      sums[l] = {g[l], partials_dev[l].data<float>(), dw[l].raw(), db[l].raw()};
+    }
+    Tensor cursor = device_bytes(std::vector<std::int64_t>{128});
+    launch_fused_conv_wgrad_sums(sums, 2, static_cast<std::int64_t*>(cursor.raw()), 9, half, compute_stream());
+    for (int l = 0; l < 2; ++l) {
+      SCOPED_TRACE("layer " + std::to_string(l));
+      const std::int64_t n_w = dw0[l].numel(), params = partials[l].dim(1);
+      const Tensor got_w = back(dw[l]), got_b = back(db[l]);
+      std::int64_t wrong = 0;
+      for (std::int64_t p = 0; p < params; ++p) {
+        float acc = 0.0f;
+        for (std::int64_t ch = 0; ch < partials[l].dim(0); ++ch) acc += partials[l].data<float>()[ch * params + p];
+        const float start = p < n_w ? dw0[l].data<float>()[p] : db0[l].data<float>()[p - n_w];
+        const float want = half ? round_to_half(start + acc) : start + acc;
+        const float got = p < n_w ? got_w.data<float>()[p] : got_b.data<float>()[p - n_w];
+        if (got != want && wrong++ < 3) ADD_FAILURE() << "parameter " << p << ": " << got << ", want " << want;
+      }
+      EXPECT_EQ(wrong, 0);
+    }
+    const Tensor c = cursor.to(Device::kCpu);
+    std::int64_t moved = 0;
+    std::memcpy(&moved, c.raw(), sizeof(moved));
+    EXPECT_EQ(moved, 128 + 9);
+  }
+  try {
+    launch_fused_conv_wgrad_sums(nullptr, 3, nullptr, 0, false, compute_stream());
+    FAIL() << "three layers were summed in a launch made for two";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("3 layers in one launch (at most 2)"), std::string::npos) << e.what();
   }
 }
 
