@@ -349,7 +349,8 @@ FUSED_KERNELS = [("conv1_fwd", ("1 ",)), ("conv2_fwd", ("2 ",)), ("head", ("3a "
 
 def fused_section(res, md):
     """bench_fused's time per launch beside the fused-step model's prediction for the kernels
-    as written (fused_model.as_written, docs/fused_step.md); nothing when bench_fused did not run on a GPU."""
+    as written (fused_model.as_written, docs/fused_step.md); nothing when bench_fused did not
+    run on a GPU."""
     if not any(res.all("fused")):
         return
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))

@@ -5,7 +5,6 @@
 #include <string>
 
 #include "kernels/gpu/fused.h"
-#include "kernels/gpu/launchers.h"
 #include "layers/conv2d.h"
 #include "layers/dense.h"
 #include "train/gpu_trainer.h"

@@ -35,7 +35,8 @@ class FusedStep {
   // Sizes the step's buffers for batches of up to `batch` images of h x w x c.
   void size(const Layers& layers, std::int64_t batch, std::int64_t h, std::int64_t w, std::int64_t c, bool half);
   // Enqueues one step of nb samples on s, reading the batch at t's cursor in its resident
-  // data set and moving the cursor on by nb; adds the loss statistics into t.stats. Records its buffers in addrs.
+  // data set and moving the cursor on by nb; adds the loss statistics into t.stats. Records
+  // its buffers in addrs.
   void enqueue(GpuTrainer& t, Layers& layers, Optimizer& opt, std::int64_t nb, cudaStream_t s,
                std::vector<const void*>& addrs);
 

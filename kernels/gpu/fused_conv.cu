@@ -65,6 +65,14 @@ struct Activations {
 
 __device__ __forceinline__ i64 pooled_h(const FusedConvSizes& g) { return (g.h - kK + 1) / 2; }
 __device__ __forceinline__ i64 pooled_w(const FusedConvSizes& g) { return (g.w - kK + 1) / 2; }
+// A weight gradient's partial sums (one per chunk of kChunkImages images) and its
+// parameters: the kernel's (filters, 3, 3, c), then the biases.
+__host__ __device__ __forceinline__ i64 chunks_of(const FusedConvSizes& g) {
+  return (g.n + kChunkImages - 1) / kChunkImages;
+}
+__host__ __device__ __forceinline__ i64 params_of(const FusedConvSizes& g) {
+  return g.filters * kK * kK * g.c + g.filters;
+}
 
 // ---- forward: one warp per pooled position, one lane per filter ----
 // Block (image s, a tile of 32 filters, a group of pooled positions): each warp takes one
@@ -165,7 +173,7 @@ __global__ void conv_wgrad_partials_kernel(FusedConvSizes g, In in, const T* __r
                                            const T* __restrict__ pooled, const std::uint8_t* __restrict__ winners,
                                            float* partials) {
   const i64 ph = pooled_h(g), pw = pooled_w(g);
-  const i64 n_w = g.filters * kK * kK * g.c, params = n_w + g.filters;
+  const i64 params = params_of(g), n_w = params - g.filters;
   const i64 chunk = blockIdx.x, s0 = chunk * kChunkImages, s1 = s0 + kChunkImages < g.n ? s0 + kChunkImages : g.n;
   const i64 p = static_cast<i64>(blockIdx.y) * blockDim.x + threadIdx.x;
   if (p < params) {
@@ -207,8 +215,7 @@ __global__ void conv_wgrad_sums_kernel(WgradSums sums, std::int64_t* cursor, std
   const i64 stride = static_cast<i64>(gridDim.x) * blockDim.x;
   for (int l = 0; l < sums.count; ++l) {
     const FusedConvSizes g = sums.layer[l].g;
-    const i64 n_w = g.filters * kK * kK * g.c, params = n_w + g.filters;
-    const i64 chunks = (g.n + kChunkImages - 1) / kChunkImages;
+    const i64 params = params_of(g), n_w = params - g.filters, chunks = chunks_of(g);
     const float* partials = sums.layer[l].scratch;
     T* dw = static_cast<T*>(sums.layer[l].dw);
     T* db = static_cast<T*>(sums.layer[l].db);
@@ -251,9 +258,6 @@ __global__ void conv_dgrad_kernel(FusedConvSizes g, const T* __restrict__ dpool,
     dx[e] = from_f32<T>(acc);
   }
 }
-
-i64 chunks_of(const FusedConvSizes& g) { return (g.n + kChunkImages - 1) / kChunkImages; }
-i64 params_of(const FusedConvSizes& g) { return g.filters * kK * kK * g.c + g.filters; }
 
 i64 filter_tiles(const FusedConvSizes& g) { return (g.filters + kLanes - 1) / kLanes; }
 
