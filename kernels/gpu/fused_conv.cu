@@ -229,33 +229,55 @@ __global__ void conv_wgrad_sums_kernel(WgradSums sums, std::int64_t* cursor, std
   if (cursor && first == 0) *cursor += advance;
 }
 
-// ---- data gradient: one thread per input element dx[n, p, q, c] ----
-// Input (p, q) fed the convolution output (p - r, q - t) through tap (r, t); that output's
-// gradient is nonzero only if it won its pooling window (and ReLU passed it), so each of the
-// nine taps and each filter first checks the winner byte: the zeros are skipped, not
-// multiplied. Outputs in the row or column the pooling dropped have no window: no gradient.
+// ---- data gradient: one thread per channel of a 2x2 block of inputs ----
+// Pooling window (wy, wx) holds the convolution outputs of rows 2wy, 2wy+1 and columns 2wx,
+// 2wx+1, and through the 3x3 taps they reach the inputs of rows 2wy .. 2wy+3 and columns
+// 2wx .. 2wx+3. So the 2x2 block of inputs at rows 2by, 2by+1 and columns 2bx, 2bx+1 hears
+// from exactly four windows, (by-1 .. by) x (bx-1 .. bx), and from one output of each of
+// their filters: the winner, where ReLU passed it. A thread visits those 4 x filters pooled
+// outputs once each, skips the zeros, and adds each gradient through the taps that join its
+// winner to the block's four inputs (input row 2by+u comes from output row 2wy+a through tap
+// r = u - 2dy - a; one to four taps of the nine). One thread per input with the nine taps
+// as its loop visits each pooled output 9 times over to find the one in four that won;
+// here an output is visited by the 4 blocks it reaches and never misses. A warp's lanes are
+// consecutive channels of one block, so a window's gradient and winner are one broadcast
+// load for them all, the weights a coalesced one. Sums run window by window, filter by
+// filter: a fixed order, the same bits at every launch. Inputs no window reaches (a row or
+// column the pooling dropped) get 0.
 template <class T>
 __global__ void conv_dgrad_kernel(FusedConvSizes g, const T* __restrict__ dpool, const T* __restrict__ pooled,
                                   const std::uint8_t* __restrict__ winners, const T* __restrict__ w, T* dx) {
-  const i64 ph = pooled_h(g), pw = pooled_w(g);
-  const i64 total = g.n * g.h * g.w * g.c;
+  const i64 ph = pooled_h(g), pw = pooled_w(g), bh = (g.h + 1) / 2, bw = (g.w + 1) / 2;
+  const i64 total = g.n * bh * bw * g.c;
   const i64 stride = static_cast<i64>(gridDim.x) * blockDim.x;
   for (i64 e = static_cast<i64>(blockIdx.x) * blockDim.x + threadIdx.x; e < total; e += stride) {
-    const i64 c = e % g.c, q = e / g.c % g.w, p = e / (g.c * g.w) % g.h, s = e / (g.c * g.w * g.h);
-    float acc = 0.0f;
-    for (int r = 0; r < kK; ++r)
-      for (int t = 0; t < kK; ++t) {
-        const i64 i = p - r, j = q - t;
-        if (i < 0 || j < 0 || i / 2 >= ph || j / 2 >= pw) continue;
-        const int pos = static_cast<int>((i % 2) * 2 + j % 2);
-        const i64 o0 = ((s * ph + i / 2) * pw + j / 2) * g.filters;
+    const i64 c = e % g.c, bx = e / g.c % bw, by = e / (g.c * bw) % bh, s = e / (g.c * bw * bh);
+    float acc[2][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}};
+    for (int dy = -1; dy <= 0; ++dy)
+      for (int dxw = -1; dxw <= 0; ++dxw) {
+        const i64 wy = by + dy, wx = bx + dxw;
+        if (wy < 0 || wx < 0 || wy >= ph || wx >= pw) continue;
+        const i64 o0 = ((s * ph + wy) * pw + wx) * g.filters;
         for (i64 f = 0; f < g.filters; ++f) {
-          if (winners[o0 + f] != pos) continue;
           const float dz = pooled_grad(dpool, pooled, o0 + f);
-          if (dz != 0.0f) acc += dz * to_f32(w[((f * kK + r) * kK + t) * g.c + c]);
+          if (dz == 0.0f) continue;  // lost its window, or ReLU stopped it: most of them
+          const int won = winners[o0 + f], a = won / 2, b = won % 2;  // the winner's row, column in the window
+          const T* wf = w + f * kK * kK * g.c + c;
+          for (int u = 0; u < 2; ++u) {
+            const int r = u - 2 * dy - a;
+            if (r < 0 || r >= kK) continue;
+            for (int v = 0; v < 2; ++v) {
+              const int t = v - 2 * dxw - b;
+              if (t >= 0 && t < kK) acc[u][v] += dz * to_f32(wf[(r * kK + t) * g.c]);
+            }
+          }
         }
       }
-    dx[e] = from_f32<T>(acc);
+    for (int u = 0; u < 2; ++u)
+      for (int v = 0; v < 2; ++v) {
+        const i64 p = 2 * by + u, q = 2 * bx + v;
+        if (p < g.h && q < g.w) dx[((s * g.h + p) * g.w + q) * g.c + c] = from_f32<T>(acc[u][v]);
+      }
   }
 }
 
@@ -376,7 +398,7 @@ void launch_fused_conv_dgrad(const FusedConvSizes& g, const void* dpool, const v
                              const std::uint8_t* winners, const void* w, void* dx, bool half, GpuStream stream) {
   check_sizes(g);
   if (g.n == 0) return;
-  const i64 total = g.n * g.h * g.w * g.c;
+  const i64 total = g.n * ((g.h + 1) / 2) * ((g.w + 1) / 2) * g.c;  // a thread per channel of a 2x2 block
   if (half) {
     conv_dgrad_kernel<__half><<<blocks_for(total), kBlock, 0, stream>>>(
         g, static_cast<const __half*>(dpool), static_cast<const __half*>(pooled), winners,
