@@ -358,7 +358,8 @@ def fused_section(res, md):
     md.append("## The fused step, launch by launch: measured against the model\n")
     md.append("`bench_fused`: each launch of `--kernels fused`'s step on its own, 20 back to back, CUDA-event "
               "time per launch (no graph). *Predicted*: `scripts/fused_model.py` for the kernels as written "
-              "(the forward tiled, the gradients one thread per element), its graph-node costs left out.\n")
+              "(the forward tiled, conv2's gradients over the pooling winners' taps, conv1's weight gradient one "
+              "thread per parameter), its graph-node costs left out.\n")
     rows = []
     for batch in LADDER_BATCHES:
         for dev, act in (("gpu_fp32", 4), ("gpu_fp16", 2)):

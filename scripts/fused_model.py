@@ -23,6 +23,11 @@ FP16_RATE = 990e12          # FLOP/s: dense FP16 on Tensor Cores (NVIDIA's figur
 EFFICIENCY = 0.5            # ASSUMED: tuned kernels reach half of a rate (CUDA cores), or
 TC_EFFICIENCY = 0.3         # ASSUMED: 30 % of a Tensor Core rate (mma.sync, no wgmma)
 PLAIN_EFFICIENCY = 0.15     # ASSUMED: the plain kernels (one thread per output, no tiles)
+GATHER_EFFICIENCY = 0.05    # ASSUMED: conv2's data gradient as written does only the nonzero taps
+                            # (NONZERO of the work), ~20 instructions each (finding them, their
+                            # weights' addresses): 5 % of the FP32 rate for those FLOPs
+TAPS_EFFICIENCY = 0.25      # ASSUMED: conv2's weight gradient as written: the nonzero taps only too,
+                            # nine FMAs for each gradient and winner read (~4 instructions a FMA)
 NODE_US = 1.1               # graph node, measured
 REPLAY_US = 9.0             # one graph replay, measured
 FLOOR_US = 2.5              # ASSUMED: the shortest a kernel of this step takes (launch to finish)
@@ -38,9 +43,11 @@ MAC = {"conv1": 26 * 26 * 32 * 9, "conv2": 11 * 11 * 64 * 288, "dense": 1600 * 6
 PARAMS = 320 + 18496 + 102464 + 650
 
 
-def kernels(batch, act_bytes, conv2_rate, sparse, forward_rate=None):
+def kernels(batch, act_bytes, conv2_rate, sparse, forward_rate=None, dgrad_rate=None, wgrad_rate=None):
     """(name, bytes, FLOPs, rate) of each kernel of one step. act_bytes: 4 (FP32) or 2 (FP16);
-    conv2_rate: the convolutions' rate, forward_rate the forward kernels' (1, 2) when it differs."""
+    conv2_rate: the convolutions' rate, forward_rate the forward kernels' (1, 2) when it differs;
+    dgrad_rate and wgrad_rate, when given, the rates of conv2's data gradient (4) and weight
+    gradient (5) over their nonzero taps only."""
     a, n = act_bytes, batch
     fwd = forward_rate or conv2_rate
     f = lambda mac: 2.0 * mac * n  # noqa: E731  FLOPs of `mac` multiply-adds per image
@@ -53,10 +60,10 @@ def kernels(batch, act_bytes, conv2_rate, sparse, forward_rate=None):
         ("2 conv2 + bias + ReLU + pool", n * (P1 * a + P2 * a + P2) + 18496 * a, f(MAC["conv2"]), fwd),
         ("3a head, per sample", n * 2 * P2 * a + 102464 * a, 2 * f(MAC["dense"] + MAC["dense_1"]), cuda),
         ("3b head, weight gradients", n * (P2 * a + 2 * 64 * a) + 102464 * 2 * w, f(MAC["dense"] + MAC["dense_1"]), cuda),
-        ("4 pool2 bwd + mask + conv2 dx", n * (P2 * a + P2 + P2 * a + P1 * a) + 18496 * a, k * f(MAC["conv2"]),
-         conv2_rate if not sparse else cuda),
-        ("5 conv2 dW + db, partial sums", n * (P1 * a + P2 * a + P2) + chunks * 18496 * w, k * f(MAC["conv2"]),
-         conv2_rate if not sparse else cuda),
+        ("4 pool2 bwd + mask + conv2 dx", n * (P2 * a + P2 + P2 * a + P1 * a) + 18496 * a,
+         (NONZERO if dgrad_rate else k) * f(MAC["conv2"]), dgrad_rate or (conv2_rate if not sparse else cuda)),
+        ("5 conv2 dW + db, partial sums", n * (P1 * a + P2 * a + P2) + chunks * 18496 * w,
+         (NONZERO if wgrad_rate else k) * f(MAC["conv2"]), wgrad_rate or (conv2_rate if not sparse else cuda)),
         ("6 pool1 bwd + mask + conv1 dW + db, partial sums", n * (P1 * a + P1 + X) + chunks * 320 * w, f(MAC["conv1"]),
          conv2_rate),
         ("7 conv2's and conv1's sums, batch cursor", (chunks + 1) * (18496 + 320) * w + 16, chunks * (18496 + 320),
@@ -69,9 +76,10 @@ def kernels(batch, act_bytes, conv2_rate, sparse, forward_rate=None):
     return rows
 
 
-def predict(batch, act_bytes, conv2_rate, sparse, forward_rate=None):
+def predict(batch, act_bytes, conv2_rate, sparse, forward_rate=None, dgrad_rate=None, wgrad_rate=None):
     rows, total = [], 0.0
-    for name, bytes_, flops, rate in kernels(batch, act_bytes, conv2_rate, sparse, forward_rate):
+    for name, bytes_, flops, rate in kernels(batch, act_bytes, conv2_rate, sparse, forward_rate, dgrad_rate,
+                                             wgrad_rate):
         t = max(FLOOR_US, bytes_ / BANDWIDTH * 1e6, flops / rate * 1e6)
         bound = "floor" if t == FLOOR_US else ("memory" if t == bytes_ / BANDWIDTH * 1e6 else "arithmetic")
         rows.append((name, bytes_ / 1e6, flops / 1e6, t, bound))
@@ -83,20 +91,29 @@ def predict(batch, act_bytes, conv2_rate, sparse, forward_rate=None):
 
 def as_written(batch, act_bytes):
     """The kernels as fused_conv.cu has them: the forward tiled (a warp per pooled position,
-    the weights in shared memory: the tuned rate), the gradients one thread per element."""
-    return predict(batch, act_bytes, FP32_RATE * PLAIN_EFFICIENCY, False, FP32_RATE * EFFICIENCY)
+    the weights in shared memory: the tuned rate), conv2's gradients over the pooling winners'
+    nonzero taps only (GATHER_EFFICIENCY, TAPS_EFFICIENCY), conv1's weight gradient one thread
+    per parameter."""
+    return predict(batch, act_bytes, *AS_WRITTEN[act_bytes][2:])
 
 
-# (title, activation bytes, the convolutions' rate, sparse gradients, the forward's rate if other)
+# (title, activation bytes, the convolutions' rate, sparse gradients, the forward's rate if
+# other, conv2's data and weight gradients' rates over their nonzero taps if other)
+PLAIN, TUNED = FP32_RATE * PLAIN_EFFICIENCY, FP32_RATE * EFFICIENCY
+GATHER, TAPS = FP32_RATE * GATHER_EFFICIENCY, FP32_RATE * TAPS_EFFICIENCY
+AS_WRITTEN = {
+    4: ("FP32, as written: the forward tiled, conv2's gradients over the winners' taps", 4, PLAIN, False, TUNED,
+        GATHER, TAPS),
+    2: ("FP16, as written", 2, PLAIN, False, TUNED, GATHER, TAPS),
+}
 VARIANTS = [
-    ("FP32, all plain (one thread per output)", 4, FP32_RATE * PLAIN_EFFICIENCY, False, None),
-    ("FP32, as written: the forward tiled, the gradients plain", 4, FP32_RATE * PLAIN_EFFICIENCY, False,
-     FP32_RATE * EFFICIENCY),
-    ("FP16, as written", 2, FP32_RATE * PLAIN_EFFICIENCY, False, FP32_RATE * EFFICIENCY),
-    ("FP32, conv2 on CUDA cores, dense gradients", 4, FP32_RATE * EFFICIENCY, False, None),
-    ("FP32, conv2 on CUDA cores, sparse gradients", 4, FP32_RATE * EFFICIENCY, True, None),
-    ("FP32 as TF32 on Tensor Cores for conv2, sparse gradients", 4, TF32_RATE * TC_EFFICIENCY, True, None),
-    ("FP16, conv2 on Tensor Cores, dense gradients", 2, FP16_RATE * TC_EFFICIENCY, False, None),
+    ("FP32, all plain (one thread per output)", 4, PLAIN, False, None, None, None),
+    AS_WRITTEN[4],
+    AS_WRITTEN[2],
+    ("FP32, conv2 on CUDA cores, dense gradients", 4, TUNED, False, None, None, None),
+    ("FP32, conv2 on CUDA cores, sparse gradients", 4, TUNED, True, None, None, None),
+    ("FP32 as TF32 on Tensor Cores for conv2, sparse gradients", 4, TF32_RATE * TC_EFFICIENCY, True, None, None, None),
+    ("FP16, conv2 on Tensor Cores, dense gradients", 2, FP16_RATE * TC_EFFICIENCY, False, None, None, None),
 ]
 
 
@@ -106,8 +123,8 @@ def main():
         print(__doc__)
         return
     for batch in (64, 1024):
-        for title, act, rate, sparse, forward in VARIANTS:
-            rows, step, epoch = predict(batch, act, rate, sparse, forward)
+        for title, *variant in VARIANTS:
+            rows, step, epoch = predict(batch, *variant)
             print(f"\n### Batch {batch}: {title}\n" if md else f"\n== batch {batch}: {title}")
             if md:
                 print("| kernel | MB moved | MFLOP | predicted µs | bound by |")

@@ -166,8 +166,8 @@ __device__ __forceinline__ float pooled_grad(const T* dpool, const T* pooled, i6
 // layout, then the filters' biases. The gradient at pooled output (n, py, px, f) came from
 // window position winners[...], so it multiplies the inputs under that position's window.
 // Grid: blockIdx.x the chunk of kChunkImages images, blockIdx.y a tile of kBlock parameters;
-// one thread per (chunk, parameter), so that batch 64 (16 chunks) still fills the GPU with
-// 16 x 73 blocks for conv2.
+// one thread per (chunk, parameter). The first convolution's (conv1: 320 parameters, 16 x 2
+// blocks at batch 64); the second has the kernel below.
 template <class T, class In>
 __global__ void conv_wgrad_partials_kernel(FusedConvSizes g, In in, const T* __restrict__ dpool,
                                            const T* __restrict__ pooled, const std::uint8_t* __restrict__ winners,
@@ -197,6 +197,47 @@ __global__ void conv_wgrad_partials_kernel(FusedConvSizes g, In in, const T* __r
         }
     }
     partials[chunk * params + p] = acc;
+  }
+}
+
+// The second convolution's partial sums, a thread per (chunk, filter f, input channel c):
+// the nine taps of (f, c) at once and, in the channel-0 thread, f's bias. The kernel above
+// gives each tap its own thread, so nine threads (nine warps) read every pooled output's
+// gradient and winner; here one reads them and multiplies the 3x3 inputs under the winner,
+// nine FMAs for one look. A warp's lanes are consecutive channels of one filter: the
+// gradient and the winner are one broadcast load, each tap's inputs a coalesced one. Each
+// sum runs image by image, position by position, as above: the same bits as a thread per
+// parameter gives. For the first convolution (the data set's pixels: one channel in the
+// model) a thread per (filter, channel) would be 32 threads a chunk: it keeps the kernel above.
+template <class T>
+__global__ void conv_wgrad_tap_partials_kernel(FusedConvSizes g, Activations<T> in, const T* __restrict__ dpool,
+                                               const T* __restrict__ pooled, const std::uint8_t* __restrict__ winners,
+                                               float* partials) {
+  const i64 ph = pooled_h(g), pw = pooled_w(g);
+  const i64 params = params_of(g), n_w = params - g.filters;
+  const i64 total = chunks_of(g) * g.filters * g.c;
+  const i64 stride = static_cast<i64>(gridDim.x) * blockDim.x;
+  for (i64 e = static_cast<i64>(blockIdx.x) * blockDim.x + threadIdx.x; e < total; e += stride) {
+    const i64 c = e % g.c, f = e / g.c % g.filters, chunk = e / (g.c * g.filters);
+    const i64 s0 = chunk * kChunkImages, s1 = s0 + kChunkImages < g.n ? s0 + kChunkImages : g.n;
+    float acc[kK * kK] = {}, bias = 0.0f;
+    for (i64 s = s0; s < s1; ++s) {
+      const T* x = in.row(s);
+      for (i64 py = 0; py < ph; ++py)
+        for (i64 px = 0; px < pw; ++px) {
+          const i64 o = ((s * ph + py) * pw + px) * g.filters + f;
+          const float dz = pooled_grad(dpool, pooled, o);
+          if (dz == 0.0f) continue;
+          const int q = winners[o];
+          const i64 at = ((2 * py + q / 2) * g.w + 2 * px + q % 2) * g.c + c;  // the winner's tap (0, 0)
+          for (int r = 0; r < kK; ++r)
+            for (int t = 0; t < kK; ++t) acc[r * kK + t] += dz * to_f32(x[at + (r * g.w + t) * g.c]);
+          bias += dz;
+        }
+    }
+    float* out = partials + chunk * params;
+    for (int tap = 0; tap < kK * kK; ++tap) out[(f * kK * kK + tap) * g.c + c] = acc[tap];
+    if (c == 0) out[n_w + f] = bias;
   }
 }
 
@@ -327,12 +368,21 @@ void wgrad_partials(const FusedConvSizes& g, const In& in, const void* dpool, co
   MF_CHECK_LAUNCH();
 }
 
-DatasetPixels pixels(const FusedConvSizes& g, const FusedBatch& batch, std::int32_t* labels_out) {
-  return DatasetPixels{batch.images, batch.labels, batch.perm, batch.offset, labels_out, g.h * g.w * g.c};
-}
 template <class T>
 Activations<T> activations(const FusedConvSizes& g, const void* x) {
   return Activations<T>{static_cast<const T*>(x), g.h * g.w * g.c};
+}
+
+template <class T>
+void wgrad_tap_partials(const FusedConvSizes& g, const void* x, const void* dpool, const void* pooled,
+                        const std::uint8_t* winners, float* partials, cudaStream_t st) {
+  conv_wgrad_tap_partials_kernel<T><<<blocks_for(chunks_of(g) * g.filters * g.c), kBlock, 0, st>>>(
+      g, activations<T>(g, x), static_cast<const T*>(dpool), static_cast<const T*>(pooled), winners, partials);
+  MF_CHECK_LAUNCH();
+}
+
+DatasetPixels pixels(const FusedConvSizes& g, const FusedBatch& batch, std::int32_t* labels_out) {
+  return DatasetPixels{batch.images, batch.labels, batch.perm, batch.offset, labels_out, g.h * g.w * g.c};
 }
 
 }  // namespace
@@ -371,8 +421,8 @@ void launch_fused_conv_wgrad_partials(const FusedConvSizes& g, const void* x, co
                                       const std::uint8_t* winners, float* scratch, bool half, GpuStream stream) {
   check_sizes(g);
   if (g.n == 0) return;
-  if (half) wgrad_partials<__half>(g, activations<__half>(g, x), dpool, pooled, winners, scratch, stream);
-  else wgrad_partials<float>(g, activations<float>(g, x), dpool, pooled, winners, scratch, stream);
+  if (half) wgrad_tap_partials<__half>(g, x, dpool, pooled, winners, scratch, stream);
+  else wgrad_tap_partials<float>(g, x, dpool, pooled, winners, scratch, stream);
 }
 
 void launch_fused_conv_wgrad_sums(const FusedWgradSum* layers, int count, std::int64_t* cursor, std::int64_t advance,
