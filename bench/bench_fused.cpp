@@ -5,8 +5,9 @@
 //   conv1_fwd    kernel 1: the batch from the u8 data set + conv1 + bias + ReLU + pool
 //   conv2_fwd    kernel 2: conv2 + bias + ReLU + pool
 //   head         kernels 3a and 3b: the head forward and backward, its weight gradients
-//   conv2_dgrad  kernel 4: conv2's data gradient over the pooling winners
-//   conv2_wgrad  kernel 5: conv2's weight and bias gradients, partial sums per 4 images
+//   conv2_dgrad  kernel 4: conv2's data gradient over the pooling winners, launched alone
+//   conv2_wgrad  kernel 5: conv2's weight and bias gradients, partial sums per 4 images, alone
+//   conv2_bwd    kernels 4 and 5 in the one launch the step runs
 //   conv1_wgrad  kernel 6: conv1's
 //   wgrad_sums   kernel 7: both layers' partial sums added up (and the batch cursor moved)
 // Each is enqueued kInner times back to back on the compute stream, with the buffers a step
@@ -85,6 +86,11 @@ class FusedLaunches {
            launch_fused_conv_wgrad_partials(g2_, pooled1_.raw(), dpool2_.raw(), pooled2_.raw(), w2,
                                             static_cast<float*>(scratch2_.raw()), half_, s_);
          }},
+        {"conv2_bwd",
+         [=] {
+           launch_fused_conv_backward(g2_, pooled1_.raw(), dpool2_.raw(), pooled2_.raw(), w2, w(2, 0), dpool1_.raw(),
+                                      static_cast<float*>(scratch2_.raw()), half_, s_);
+         }},
         {"conv1_wgrad",
          [=] {
            launch_fused_conv1_wgrad_partials(g1_, batch, dpool1_.raw(), pooled1_.raw(), w1,
@@ -150,8 +156,8 @@ void BM_FusedKernel(benchmark::State& state, std::string kernel, std::int64_t ba
 void register_all() {
   for (std::int64_t batch : {64, 1024})
     for (DType dt : {DType::kF32, DType::kF16})
-      for (const char* k : {"conv1_fwd", "conv2_fwd", "head", "conv2_dgrad", "conv2_wgrad", "conv1_wgrad",
-                            "wgrad_sums"})
+      for (const char* k : {"conv1_fwd", "conv2_fwd", "head", "conv2_dgrad", "conv2_wgrad", "conv2_bwd",
+                            "conv1_wgrad", "wgrad_sums"})
         register_guarded(std::string("fused/kernel:") + k + "/dev:" + (dt == DType::kF16 ? "gpu_fp16" : "gpu_fp32") +
                              "/batch:" + std::to_string(batch),
                          BM_FusedKernel, std::string(k), batch, dt)

@@ -344,7 +344,7 @@ def ladder_section(res, md):
 
 # bench_fused's launches and the rows of scripts/fused_model.py they cover.
 FUSED_KERNELS = [("conv1_fwd", ("1 ",)), ("conv2_fwd", ("2 ",)), ("head", ("3a ", "3b ")), ("conv2_dgrad", ("4 ",)),
-                 ("conv2_wgrad", ("5 ",)), ("conv1_wgrad", ("6 ",)), ("wgrad_sums", ("7 ",))]
+                 ("conv2_wgrad", ("5 ",)), ("conv2_bwd", ("4 ", "5 ")), ("conv1_wgrad", ("6 ",)), ("wgrad_sums", ("7 ",))]
 
 
 def fused_section(res, md):

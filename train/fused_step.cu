@@ -105,13 +105,13 @@ void FusedStep::enqueue(GpuTrainer& t, Layers& layers, Optimizer& opt, std::int6
                     opt.device_loss_scale(), fused_head_scratch(head_scratch_.raw(), gh, half), dpool2_.raw(),
                     grad(layers, 5, 0), grad(layers, 5, 1), grad(layers, 6, 0), grad(layers, 6, 1),
                     t.stats.data<float>(), half, s);
-  // Back through conv2 (its input gradient, then its parameters' partial sums) and conv1
-  // (partial sums only), then both layers' sums in one launch, which also moves the batch
-  // cursor on: conv1's partials were the step's last reader of it.
+  // Back through conv2 (its input gradient and its parameters' partial sums, one launch)
+  // and conv1 (partial sums only), then both layers' sums in one launch, which also moves
+  // the batch cursor on: conv1's partials were the step's last reader of it.
   auto* scratch2 = static_cast<float*>(conv2_scratch_.raw());
   auto* scratch1 = static_cast<float*>(conv1_scratch_.raw());
-  launch_fused_conv_dgrad(g2, dpool2_.raw(), pooled2_.raw(), win2, weights(layers, 2, 0, half), dpool1_.raw(), half, s);
-  launch_fused_conv_wgrad_partials(g2, pooled1_.raw(), dpool2_.raw(), pooled2_.raw(), win2, scratch2, half, s);
+  launch_fused_conv_backward(g2, pooled1_.raw(), dpool2_.raw(), pooled2_.raw(), win2, weights(layers, 2, 0, half),
+                             dpool1_.raw(), scratch2, half, s);
   launch_fused_conv1_wgrad_partials(g1, batch, dpool1_.raw(), pooled1_.raw(), win1, scratch1, half, s);
   const FusedWgradSum sums[] = {{g2, scratch2, grad(layers, 2, 0), grad(layers, 2, 1)},
                                 {g1, scratch1, grad(layers, 0, 0), grad(layers, 0, 1)}};

@@ -1,11 +1,11 @@
 // fused_step.h: the training step of the kernel ladder's fused rung (train_mnist --kernels
 // fused; docs/fused_step.md). The library rung's step runs each layer's forward and backward
 // through cuDNN, cuBLAS and our small kernels, about 28 launches; this one runs the article's
-// model in the 8 kernels of kernels/gpu/fused.h plus the optimizer's:
+// model in 7 launches of kernels/gpu/fused.h plus the optimizer's:
 //   conv1 + bias + ReLU + pool, straight from the resident data set's u8 pixels
 //   conv2 + bias + ReLU + pool
 //   the head, per sample (dense, dense_1, the loss, their gradients), then its parameters
-//   conv2's data gradient, conv2's weight gradient's partial sums, conv1's
+//   conv2's data gradient and its weight gradient's partial sums (one launch), conv1's
 //   both weight gradients' sums, which also move the batch cursor on
 // Nothing before a pooling reaches memory, and the gradients visit only the pooling winners.
 // For train/*.cu only (it needs the CUDA headers).

@@ -95,6 +95,11 @@ void launch_fused_conv_wgrad_partials(const FusedConvSizes& g, const void* x, co
 // ReLU and the kernel, visiting only the outputs that won their window. Overwrites dx.
 void launch_fused_conv_dgrad(const FusedConvSizes& g, const void* dpool, const void* pooled,
                              const std::uint8_t* winners, const void* w, void* dx, bool half, GpuStream stream);
+// Both in one launch (what the step runs): dx as launch_fused_conv_dgrad, the weight
+// gradient's partial sums into scratch as launch_fused_conv_wgrad_partials, the same bits.
+void launch_fused_conv_backward(const FusedConvSizes& g, const void* x, const void* dpool, const void* pooled,
+                                const std::uint8_t* winners, const void* w, void* dx, float* scratch, bool half,
+                                GpuStream stream);
 
 // The weight gradients' second pass, for `count` (0 to kMaxWgradSums) convolutions in one
 // launch: layer l's partial sums (its scratch, written by its wgrad_partials launch) added

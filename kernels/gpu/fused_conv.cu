@@ -209,15 +209,16 @@ __global__ void conv_wgrad_partials_kernel(FusedConvSizes g, In in, const T* __r
 // sum runs image by image, position by position, as above: the same bits as a thread per
 // parameter gives. For the first convolution (the data set's pixels: one channel in the
 // model) a thread per (filter, channel) would be 32 threads a chunk: it keeps the kernel above.
+// Run by blocks `block` of `blocks` (conv_backward_kernel gives it part of its grid).
 template <class T>
-__global__ void conv_wgrad_tap_partials_kernel(FusedConvSizes g, Activations<T> in, const T* __restrict__ dpool,
-                                               const T* __restrict__ pooled, const std::uint8_t* __restrict__ winners,
-                                               float* partials) {
+__device__ void wgrad_taps(const FusedConvSizes& g, const Activations<T>& in, const T* __restrict__ dpool,
+                           const T* __restrict__ pooled, const std::uint8_t* __restrict__ winners, float* partials,
+                           i64 block, i64 blocks) {
   const i64 ph = pooled_h(g), pw = pooled_w(g);
   const i64 params = params_of(g), n_w = params - g.filters;
   const i64 total = chunks_of(g) * g.filters * g.c;
-  const i64 stride = static_cast<i64>(gridDim.x) * blockDim.x;
-  for (i64 e = static_cast<i64>(blockIdx.x) * blockDim.x + threadIdx.x; e < total; e += stride) {
+  const i64 stride = blocks * blockDim.x;
+  for (i64 e = block * blockDim.x + threadIdx.x; e < total; e += stride) {
     const i64 c = e % g.c, f = e / g.c % g.filters, chunk = e / (g.c * g.filters);
     const i64 s0 = chunk * kChunkImages, s1 = s0 + kChunkImages < g.n ? s0 + kChunkImages : g.n;
     float acc[kK * kK] = {}, bias = 0.0f;
@@ -239,6 +240,12 @@ __global__ void conv_wgrad_tap_partials_kernel(FusedConvSizes g, Activations<T> 
     for (int tap = 0; tap < kK * kK; ++tap) out[(f * kK * kK + tap) * g.c + c] = acc[tap];
     if (c == 0) out[n_w + f] = bias;
   }
+}
+template <class T>
+__global__ void conv_wgrad_tap_partials_kernel(FusedConvSizes g, Activations<T> in, const T* __restrict__ dpool,
+                                               const T* __restrict__ pooled, const std::uint8_t* __restrict__ winners,
+                                               float* partials) {
+  wgrad_taps<T>(g, in, dpool, pooled, winners, partials, blockIdx.x, gridDim.x);
 }
 
 // The second pass, for up to kMaxWgradSums convolutions in one launch (a launch costs a
@@ -284,14 +291,15 @@ __global__ void conv_wgrad_sums_kernel(WgradSums sums, std::int64_t* cursor, std
 // consecutive channels of one block, so a window's gradient and winner are one broadcast
 // load for them all, the weights a coalesced one. Sums run window by window, filter by
 // filter: a fixed order, the same bits at every launch. Inputs no window reaches (a row or
-// column the pooling dropped) get 0.
+// column the pooling dropped) get 0. Run by blocks `block` of `blocks`, as wgrad_taps.
 template <class T>
-__global__ void conv_dgrad_kernel(FusedConvSizes g, const T* __restrict__ dpool, const T* __restrict__ pooled,
-                                  const std::uint8_t* __restrict__ winners, const T* __restrict__ w, T* dx) {
+__device__ void data_grad(const FusedConvSizes& g, const T* __restrict__ dpool, const T* __restrict__ pooled,
+                          const std::uint8_t* __restrict__ winners, const T* __restrict__ w, T* dx, i64 block,
+                          i64 blocks) {
   const i64 ph = pooled_h(g), pw = pooled_w(g), bh = (g.h + 1) / 2, bw = (g.w + 1) / 2;
   const i64 total = g.n * bh * bw * g.c;
-  const i64 stride = static_cast<i64>(gridDim.x) * blockDim.x;
-  for (i64 e = static_cast<i64>(blockIdx.x) * blockDim.x + threadIdx.x; e < total; e += stride) {
+  const i64 stride = blocks * blockDim.x;
+  for (i64 e = block * blockDim.x + threadIdx.x; e < total; e += stride) {
     const i64 c = e % g.c, bx = e / g.c % bw, by = e / (g.c * bw) % bh, s = e / (g.c * bw * bh);
     float acc[2][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}};
     for (int dy = -1; dy <= 0; ++dy)
@@ -320,6 +328,25 @@ __global__ void conv_dgrad_kernel(FusedConvSizes g, const T* __restrict__ dpool,
         if (p < g.h && q < g.w) dx[((s * g.h + p) * g.w + q) * g.c + c] = from_f32<T>(acc[u][v]);
       }
   }
+}
+template <class T>
+__global__ void conv_dgrad_kernel(FusedConvSizes g, const T* __restrict__ dpool, const T* __restrict__ pooled,
+                                  const std::uint8_t* __restrict__ winners, const T* __restrict__ w, T* dx) {
+  data_grad<T>(g, dpool, pooled, winners, w, dx, blockIdx.x, gridDim.x);
+}
+
+// Both of the second convolution's backward passes in one launch: they read the same
+// gradient and winners and write different buffers (dx, the partial sums), so neither waits
+// for the other, and the step saves a launch's latency floor and a graph node. The first
+// dgrad_blocks blocks compute dx, the others the partial sums; the branch is the same for
+// every thread of a block.
+template <class T>
+__global__ void conv_backward_kernel(FusedConvSizes g, Activations<T> in, const T* __restrict__ dpool,
+                                     const T* __restrict__ pooled, const std::uint8_t* __restrict__ winners,
+                                     const T* __restrict__ w, T* dx, float* partials, i64 dgrad_blocks) {
+  const i64 block = blockIdx.x;
+  if (block < dgrad_blocks) data_grad<T>(g, dpool, pooled, winners, w, dx, block, dgrad_blocks);
+  else wgrad_taps<T>(g, in, dpool, pooled, winners, partials, block - dgrad_blocks, gridDim.x - dgrad_blocks);
 }
 
 i64 filter_tiles(const FusedConvSizes& g) { return (g.filters + kLanes - 1) / kLanes; }
@@ -373,11 +400,35 @@ Activations<T> activations(const FusedConvSizes& g, const void* x) {
   return Activations<T>{static_cast<const T*>(x), g.h * g.w * g.c};
 }
 
+// Threads of the data gradient (a channel of a 2x2 block of inputs) and of conv2's partial
+// sums (a chunk, filter and channel).
+i64 dgrad_threads(const FusedConvSizes& g) { return g.n * ((g.h + 1) / 2) * ((g.w + 1) / 2) * g.c; }
+i64 tap_threads(const FusedConvSizes& g) { return chunks_of(g) * g.filters * g.c; }
+
 template <class T>
 void wgrad_tap_partials(const FusedConvSizes& g, const void* x, const void* dpool, const void* pooled,
                         const std::uint8_t* winners, float* partials, cudaStream_t st) {
-  conv_wgrad_tap_partials_kernel<T><<<blocks_for(chunks_of(g) * g.filters * g.c), kBlock, 0, st>>>(
+  conv_wgrad_tap_partials_kernel<T><<<blocks_for(tap_threads(g)), kBlock, 0, st>>>(
       g, activations<T>(g, x), static_cast<const T*>(dpool), static_cast<const T*>(pooled), winners, partials);
+  MF_CHECK_LAUNCH();
+}
+
+template <class T>
+void dgrad(const FusedConvSizes& g, const void* dpool, const void* pooled, const std::uint8_t* winners,
+           const void* w, void* dx, cudaStream_t st) {
+  conv_dgrad_kernel<T><<<blocks_for(dgrad_threads(g)), kBlock, 0, st>>>(
+      g, static_cast<const T*>(dpool), static_cast<const T*>(pooled), winners, static_cast<const T*>(w),
+      static_cast<T*>(dx));
+  MF_CHECK_LAUNCH();
+}
+
+template <class T>
+void backward(const FusedConvSizes& g, const void* x, const void* dpool, const void* pooled,
+              const std::uint8_t* winners, const void* w, void* dx, float* partials, cudaStream_t st) {
+  const int dgrad_blocks = blocks_for(dgrad_threads(g)), tap_blocks = blocks_for(tap_threads(g));
+  conv_backward_kernel<T><<<dgrad_blocks + tap_blocks, kBlock, 0, st>>>(
+      g, activations<T>(g, x), static_cast<const T*>(dpool), static_cast<const T*>(pooled), winners,
+      static_cast<const T*>(w), static_cast<T*>(dx), partials, dgrad_blocks);
   MF_CHECK_LAUNCH();
 }
 
@@ -448,17 +499,17 @@ void launch_fused_conv_dgrad(const FusedConvSizes& g, const void* dpool, const v
                              const std::uint8_t* winners, const void* w, void* dx, bool half, GpuStream stream) {
   check_sizes(g);
   if (g.n == 0) return;
-  const i64 total = g.n * ((g.h + 1) / 2) * ((g.w + 1) / 2) * g.c;  // a thread per channel of a 2x2 block
-  if (half) {
-    conv_dgrad_kernel<__half><<<blocks_for(total), kBlock, 0, stream>>>(
-        g, static_cast<const __half*>(dpool), static_cast<const __half*>(pooled), winners,
-        static_cast<const __half*>(w), static_cast<__half*>(dx));
-  } else {
-    conv_dgrad_kernel<float><<<blocks_for(total), kBlock, 0, stream>>>(
-        g, static_cast<const float*>(dpool), static_cast<const float*>(pooled), winners,
-        static_cast<const float*>(w), static_cast<float*>(dx));
-  }
-  MF_CHECK_LAUNCH();
+  if (half) dgrad<__half>(g, dpool, pooled, winners, w, dx, stream);
+  else dgrad<float>(g, dpool, pooled, winners, w, dx, stream);
+}
+
+void launch_fused_conv_backward(const FusedConvSizes& g, const void* x, const void* dpool, const void* pooled,
+                                const std::uint8_t* winners, const void* w, void* dx, float* scratch, bool half,
+                                GpuStream stream) {
+  check_sizes(g);
+  if (g.n == 0) return;
+  if (half) backward<__half>(g, x, dpool, pooled, winners, w, dx, scratch, stream);
+  else backward<float>(g, x, dpool, pooled, winners, w, dx, scratch, stream);
 }
 
 }  // namespace mf

@@ -231,6 +231,7 @@ struct ConvRun {
   Tensor pooled, dw, db, dx;
   std::vector<std::uint8_t> winners;
   std::vector<std::int32_t> labels;
+  bool one_launch_same_bits = true;  // launch_fused_conv_backward matched the two launches
 };
 
 std::vector<std::uint8_t> bytes_of(const Tensor& device_u8, std::int64_t count) {
@@ -269,6 +270,15 @@ ConvRun run_conv(const FusedConvSizes& g, const ConvInput& d, const Tensor& w, c
     launch_fused_conv_wgrad_partials(g, x.raw(), dpd.raw(), pooled.raw(), win, partials, half, compute_stream());
     launch_fused_conv_dgrad(g, dpd.raw(), pooled.raw(), win, wd.raw(), dx.raw(), half, compute_stream());
     r.dx = back(dx);
+    // What the step runs: both backward passes in one launch, the same bits as the two.
+    Tensor dx_both = Tensor::zeros(d.x.shape(), dt, Device::kGpu);
+    Tensor scratch_both = Tensor::zeros(scratch.shape(), DType::kU8, Device::kGpu);
+    launch_fused_conv_backward(g, x.raw(), dpd.raw(), pooled.raw(), win, wd.raw(), dx_both.raw(),
+                               static_cast<float*>(scratch_both.raw()), half, compute_stream());
+    const Tensor dx_one = back(dx_both);
+    r.one_launch_same_bits =
+        std::memcmp(dx_one.raw(), r.dx.raw(), static_cast<std::size_t>(r.dx.numel()) * sizeof(float)) == 0 &&
+        bytes_of(scratch_both, scratch.numel()) == bytes_of(scratch, scratch.numel());
   }
   const FusedWgradSum sum{g, partials, dw.raw(), db.raw()};
   launch_fused_conv_wgrad_sums(&sum, 1, nullptr, 0, half, compute_stream());
@@ -335,6 +345,7 @@ void check_conv(const FusedConvSizes& g, bool from_dataset, bool half, std::uint
   EXPECT_TRUE(all_close(r.db, ref.db, grad_tol)) << "db";
   if (!from_dataset) {
     EXPECT_TRUE(all_close(r.dx, ref.dx, half ? Tol{1e-2, 1e-2} : Tol{1e-5, 1e-4})) << "dx";
+    EXPECT_TRUE(r.one_launch_same_bits) << "launch_fused_conv_backward against the dgrad and wgrad launches";
   }
 }
 
@@ -356,7 +367,8 @@ TEST(FusedGpu, Conv1MatchesTheReference) {
 // two tiles of filters, the last one partial), also with more pooled positions than the
 // grid has warps, so that each warp takes several in turn and reloads every chunk of weights
 // for each (64 positions: 4 rounds on the emulation's 8 SMs; a GPU with more SMs gives each
-// warp fewer).
+// warp fewer). The backward passes run as two launches and as the step's one
+// (launch_fused_conv_backward), which must give the same bits.
 TEST(FusedGpu, Conv2MatchesTheReference) {
   MF_SKIP_WITHOUT_GPU();
   for (bool half : {false, true}) {
