@@ -100,7 +100,7 @@ class FusedLaunches {
          [=] {
            const FusedWgradSum sums[] = {{g2_, static_cast<float*>(scratch2_.raw()), grad(2, 0), grad(2, 1)},
                                          {g1_, static_cast<float*>(scratch1_.raw()), grad(0, 0), grad(0, 1)}};
-           launch_fused_conv_wgrad_sums(sums, 2, nullptr, 0, half_, s_);
+           launch_fused_conv_wgrad_sums(sums, 2, nullptr, 0, nullptr, half_, s_);
          }},
     };
   }

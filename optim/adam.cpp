@@ -87,6 +87,18 @@ void Adam::step() {
   }
 }
 
+std::int32_t* Adam::device_step_count() {
+  if (!pack_ || pack_->device() == Device::kCpu || pack_->mixed()) return nullptr;
+  return step_.data<std::int32_t>();
+}
+
+void Adam::step_after_count_moved() {
+  if (!device_step_count()) throw std::logic_error("Adam::step_after_count_moved: no device step count to have moved");
+  launch_adam_step(pack_->values().data<float>(), pack_->grads().data<float>(), m_.data<float>(), v_.data<float>(),
+                   pack_->total(), config_.lr, config_.beta1, config_.beta2, config_.eps, step_.data<std::int32_t>(),
+                   compute_stream(), true);
+}
+
 void Adam::step_cpu() {
   std::int32_t& t_count = step_.data<std::int32_t>()[0];
   const double t = static_cast<double>(t_count) + 1.0;  // in int32 it would overflow at 2^31 - 1

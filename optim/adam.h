@@ -28,6 +28,9 @@ class Adam final : public Optimizer {
   // Mixed precision: g = f16 grad / loss scale; a step with an inf/NaN gradient is
   // skipped (the weights stay as they are) and the scale adjusts.
   void step() override;
+  // FP32 on the GPU only (see Optimizer): the step count, and Adam without its finish launch.
+  std::int32_t* device_step_count() override;
+  void step_after_count_moved() override;
 
   float learning_rate() const override { return config_.lr; }
   // Throws std::invalid_argument unless lr is finite and > 0 (the constructor's check).

@@ -24,6 +24,14 @@ class Optimizer {
   // work is enqueued on the model's stream and nothing waits for it.
   virtual void step() = 0;
 
+  // For a step whose own kernels can move the update count on (the fused rung's last
+  // gradient kernel does, saving a launch): the device count to add 1 to before
+  // step_after_count_moved(), or null where there is none to move that way (SGD has no
+  // count; FP16 Adam moves it after its overflow check, which may skip the update).
+  virtual std::int32_t* device_step_count() { return nullptr; }
+  // step(), once device_step_count() has been moved on by this step's kernels.
+  virtual void step_after_count_moved() { step(); }
+
   virtual float learning_rate() const = 0;
   // Throws std::invalid_argument unless lr is finite and > 0.
   virtual void set_learning_rate(float lr) = 0;

@@ -10,8 +10,8 @@ run (scripts/device_check.sh) puts the measured time per kernel beside it.
 
 A kernel's time is max(latency floor, bytes / bandwidth, FLOPs / rate) plus the cost of its
 graph node, and a replay costs REPLAY_US, shared by the STEPS_PER_REPLAY steps it runs. The
-kernels are those train/fused_step.cu launches (FP32: 9 a step; FP16: 10, the loss scaler's
-check added); conv2's weight gradient (5) rides in its data gradient's launch (4), so it adds
+kernels are those train/fused_step.cu launches (FP32: 8 a step, Adam's step count moved by
+kernel 7; FP16: 10, the loss scaler's check added and the count moved after it); conv2's weight gradient (5) rides in its data gradient's launch (4), so it adds
 its time but no floor and no graph node.
 """
 import sys
@@ -67,13 +67,13 @@ def kernels(batch, act_bytes, conv2_rate, sparse, forward_rate=None, dgrad_rate=
          (NONZERO if wgrad_rate else k) * f(MAC["conv2"]), wgrad_rate or (conv2_rate if not sparse else cuda)),
         ("6 pool1 bwd + mask + conv1 dW + db, partial sums", n * (P1 * a + P1 + X) + chunks * 320 * w, f(MAC["conv1"]),
          conv2_rate),
-        ("7 conv2's and conv1's sums, batch cursor", (chunks + 1) * (18496 + 320) * w + 16, chunks * (18496 + 320),
-         cuda),
+        ("7 conv2's and conv1's sums, batch cursor" + ("" if act_bytes == 2 else ", step count"),
+         (chunks + 1) * (18496 + 320) * w + 16, chunks * (18496 + 320), cuda),
         ("8a Adam", PARAMS * 7 * w, PARAMS * 12, cuda),
-        ("8b Adam's step count", 16, 1, cuda),
     ]
-    if act_bytes == 2:  # FP16: the loss scaler's inf/NaN check of the gradients
+    if act_bytes == 2:  # FP16: the loss scaler's inf/NaN check first, the count and the scale after
         rows.insert(8, ("8 unscale + check gradients", PARAMS * (2 + 4), PARAMS, cuda))
+        rows.append(("8b Adam's step count, the loss scale", 16, 1, cuda))
     return rows
 
 
@@ -143,7 +143,7 @@ def main():
                 if md:
                     print(f"| {name} | {mb:.2f} | {mflop:.1f} | {t:.1f} | {bound} |")
                 else:
-                    print(f"  {name:48s} {mb:9.2f} MB {mflop:9.1f} MFLOP {t:8.1f} us  ({bound})")
+                    print(f"  {name:52s} {mb:9.2f} MB {mflop:9.1f} MFLOP {t:8.1f} us  ({bound})")
             nodes = sum(1 for r in rows if not rides_along(r[0]))
             line = (f"{nodes} graph nodes ({nodes * NODE_US:.1f} µs), replay {REPLAY_US / STEPS_PER_REPLAY:.1f} µs a step: "
                     f"**{step:.0f} µs a step, {epoch:.1f} ms an epoch** (predicted)")

@@ -115,9 +115,13 @@ void FusedStep::enqueue(GpuTrainer& t, Layers& layers, Optimizer& opt, std::int6
   launch_fused_conv1_wgrad_partials(g1, batch, dpool1_.raw(), pooled1_.raw(), win1, scratch1, half, s);
   const FusedWgradSum sums[] = {{g2, scratch2, grad(layers, 2, 0), grad(layers, 2, 1)},
                                 {g1, scratch1, grad(layers, 0, 0), grad(layers, 0, 1)}};
-  launch_fused_conv_wgrad_sums(sums, 2, t.cursor_ptr(), nb, half, s);
+  // The sums' launch also moves the optimizer's update count on where it can (FP32 Adam),
+  // which spares Adam its one-thread finish launch.
+  std::int32_t* count = opt.device_step_count();
+  launch_fused_conv_wgrad_sums(sums, 2, t.cursor_ptr(), nb, count, half, s);
   for (const Tensor* b : {&pooled1_, &winners1_, &pooled2_, &winners2_, &dpool2_, &dpool1_}) addrs.push_back(b->raw());
-  opt.step();
+  if (count) opt.step_after_count_moved();
+  else opt.step();
 }
 
 }  // namespace mf

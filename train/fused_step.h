@@ -6,7 +6,8 @@
 //   conv2 + bias + ReLU + pool
 //   the head, per sample (dense, dense_1, the loss, their gradients), then its parameters
 //   conv2's data gradient and its weight gradient's partial sums (one launch), conv1's
-//   both weight gradients' sums, which also move the batch cursor on
+//   both weight gradients' sums, which also move the batch cursor on, and FP32 Adam's
+//   update count (Optimizer::device_step_count), so that Adam is one launch
 // Nothing before a pooling reaches memory, and the gradients visit only the pooling winners.
 // For train/*.cu only (it needs the CUDA headers).
 #pragma once

@@ -105,7 +105,9 @@ void launch_fused_conv_backward(const FusedConvSizes& g, const void* x, const vo
 // launch: layer l's partial sums (its scratch, written by its wgrad_partials launch) added
 // over the chunks, in chunk order, into its dw and db (the gradients' dtype: f16 when half).
 // Then, unless cursor is null, *cursor += advance: the resident pipeline's batch cursor,
-// moved on once the step has read its batch (it saves the step a one-thread launch).
+// moved on once the step has read its batch (it saves the step a one-thread launch); and,
+// unless step_count is null, ++*step_count (stopping at 2^31 - 1): the optimizer's update
+// count (Optimizer::device_step_count), which saves the optimizer its finish launch.
 struct FusedWgradSum {
   FusedConvSizes g;
   const float* scratch;
@@ -114,6 +116,6 @@ struct FusedWgradSum {
 };
 constexpr int kMaxWgradSums = 2;
 void launch_fused_conv_wgrad_sums(const FusedWgradSum* layers, int count, std::int64_t* cursor, std::int64_t advance,
-                                  bool half, GpuStream stream);
+                                  std::int32_t* step_count, bool half, GpuStream stream);
 
 }  // namespace mf

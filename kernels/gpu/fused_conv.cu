@@ -252,13 +252,16 @@ __global__ void conv_wgrad_tap_partials_kernel(FusedConvSizes g, Activations<T> 
 // kernel's latency floor and a graph node, more than summing conv1's 320 parameters does):
 // each thread sums its parameters' partials over the chunks in chunk order, layer after
 // layer. The batch cursor's advance rides along: thread 0 of block 0, after the step's last
-// reader of the cursor (conv1's weight gradient) has finished, as stream order guarantees.
+// reader of the cursor (conv1's weight gradient) has finished, as stream order guarantees;
+// so does the optimizer's update count, which no kernel of the step reads before Adam (it
+// stops at 2^31 - 1, as launch_finish_step's).
 struct WgradSums {
   FusedWgradSum layer[kMaxWgradSums];
   int count;
 };
 template <class T>
-__global__ void conv_wgrad_sums_kernel(WgradSums sums, std::int64_t* cursor, std::int64_t advance) {
+__global__ void conv_wgrad_sums_kernel(WgradSums sums, std::int64_t* cursor, std::int64_t advance,
+                                       std::int32_t* step_count) {
   const i64 first = static_cast<i64>(blockIdx.x) * blockDim.x + threadIdx.x;
   const i64 stride = static_cast<i64>(gridDim.x) * blockDim.x;
   for (int l = 0; l < sums.count; ++l) {
@@ -274,7 +277,10 @@ __global__ void conv_wgrad_sums_kernel(WgradSums sums, std::int64_t* cursor, std
       *out = from_f32<T>(to_f32(*out) + acc);
     }
   }
-  if (cursor && first == 0) *cursor += advance;
+  if (first == 0) {
+    if (cursor) *cursor += advance;
+    if (step_count && *step_count < INT32_MAX) ++*step_count;
+  }
 }
 
 // ---- data gradient: one thread per channel of a 2x2 block of inputs ----
@@ -477,7 +483,7 @@ void launch_fused_conv_wgrad_partials(const FusedConvSizes& g, const void* x, co
 }
 
 void launch_fused_conv_wgrad_sums(const FusedWgradSum* layers, int count, std::int64_t* cursor, std::int64_t advance,
-                                  bool half, GpuStream stream) {
+                                  std::int32_t* step_count, bool half, GpuStream stream) {
   if (count < 0 || count > kMaxWgradSums)
     throw std::invalid_argument("fused weight-gradient sums: " + std::to_string(count) +
                                 " layers in one launch (at most " + std::to_string(kMaxWgradSums) + ")");
@@ -489,9 +495,9 @@ void launch_fused_conv_wgrad_sums(const FusedWgradSum* layers, int count, std::i
     sums.layer[l] = layers[l];
     widest = std::max(widest, params_of(layers[l].g));
   }
-  if (count == 0 && !cursor) return;
-  if (half) conv_wgrad_sums_kernel<__half><<<blocks_for(widest), kBlock, 0, stream>>>(sums, cursor, advance);
-  else conv_wgrad_sums_kernel<float><<<blocks_for(widest), kBlock, 0, stream>>>(sums, cursor, advance);
+  if (count == 0 && !cursor && !step_count) return;
+  if (half) conv_wgrad_sums_kernel<__half><<<blocks_for(widest), kBlock, 0, stream>>>(sums, cursor, advance, step_count);
+  else conv_wgrad_sums_kernel<float><<<blocks_for(widest), kBlock, 0, stream>>>(sums, cursor, advance, step_count);
   MF_CHECK_LAUNCH();
 }
 

@@ -89,9 +89,13 @@ void launch_normalize_batch(const std::uint8_t* images, const std::uint8_t* labe
 // Adam, Keras form ("epsilon hat"):
 //   lr_t = lr * sqrt(1 - beta2^t) / (1 - beta1^t)
 //   m = beta1 m + (1 - beta1) g;  v = beta2 v + (1 - beta2) g^2;  w -= lr_t m / (sqrt(v) + eps)
-// Reads the f32 gradient and sets it to zero (layers accumulate into it).
+// Reads the f32 gradient and sets it to zero (layers accumulate into it). t = *step + 1,
+// then launch_finish_step moves *step on; or, with count_moved, t = *step: an earlier kernel
+// of the step has moved it on already (the fused step's weight-gradient sums), which saves
+// the finish launch. (At 2^31 - 1, where the count stops, that t is one less: the bias
+// correction has been 1 for a long time by then.)
 void launch_adam_step(float* w, float* grad, float* m, float* v, std::int64_t n, float lr, float beta1, float beta2,
-                      float eps, const std::int32_t* step, GpuStream stream);
+                      float eps, const std::int32_t* step, GpuStream stream, bool count_moved = false);
 // SGD with momentum (Keras form): velocity = momentum * velocity - lr * g; w += velocity.
 // Zeroes grad after use.
 void launch_sgd_step(float* w, float* grad, float* velocity, std::int64_t n, float lr, float momentum,

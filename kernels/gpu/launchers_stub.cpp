@@ -61,7 +61,7 @@ void launch_normalize_batch(const std::uint8_t*, const std::uint8_t*, std::int64
   no_gpu("normalize_batch");
 }
 void launch_adam_step(float*, float*, float*, float*, std::int64_t, float, float, float, float, const std::int32_t*,
-                      GpuStream) {
+                      GpuStream, bool) {
   no_gpu("adam_step");
 }
 void launch_sgd_step(float*, float*, float*, std::int64_t, float, float, GpuStream) { no_gpu("sgd_step"); }
@@ -99,12 +99,17 @@ void launch_fused_conv_wgrad_partials(const FusedConvSizes&, const void*, const 
                                       float*, bool, GpuStream) {
   no_gpu("fused_conv_wgrad_partials");
 }
-void launch_fused_conv_wgrad_sums(const FusedWgradSum*, int, std::int64_t*, std::int64_t, bool, GpuStream) {
+void launch_fused_conv_wgrad_sums(const FusedWgradSum*, int, std::int64_t*, std::int64_t, std::int32_t*, bool,
+                                  GpuStream) {
   no_gpu("fused_conv_wgrad_sums");
 }
 void launch_fused_conv_dgrad(const FusedConvSizes&, const void*, const void*, const std::uint8_t*, const void*, void*,
                              bool, GpuStream) {
   no_gpu("fused_conv_dgrad");
+}
+void launch_fused_conv_backward(const FusedConvSizes&, const void*, const void*, const void*, const std::uint8_t*,
+                                const void*, void*, float*, bool, GpuStream) {
+  no_gpu("fused_conv_backward");
 }
 void launch_fused_head(const FusedHeadSizes&, const void*, const void*, const void*, const void*, const void*,
                        const std::int32_t*, float, const float*, const FusedHeadScratch&, void*, void*, void*, void*,

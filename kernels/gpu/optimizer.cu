@@ -48,11 +48,13 @@ __device__ __forceinline__ void adam_update(float& w, float& m, float& v, float 
   w -= lr_t * m / (sqrtf(v) + h.eps);
 }
 
-// lr_t for t = *step + 1, computed by every thread (two double pows: a few hundred cycles,
-// once per thread, against a step of many microseconds), so that no thread waits for
-// another. t is a double: at a count of 2^31 - 1, *step + 1 in int32 would overflow.
-__device__ __forceinline__ float step_lr_t(const AdamHyper& h, const std::int32_t* step) {
-  return adam_lr_t(h, static_cast<double>(*step) + 1.0);
+// lr_t for t = *step + ahead, computed by every thread (two double pows: a few hundred
+// cycles, once per thread, against a step of many microseconds), so that no thread waits
+// for another. ahead is 1, or 0 where an earlier kernel of the step has moved the count on
+// already (launch_adam_step's count_moved). t is a double: at a count of 2^31 - 1,
+// *step + 1 in int32 would overflow.
+__device__ __forceinline__ float step_lr_t(const AdamHyper& h, const std::int32_t* step, double ahead = 1.0) {
+  return adam_lr_t(h, static_cast<double>(*step) + ahead);
 }
 
 // FP32 Adam. Thread mapping: groups of four parameters t, t + stride, ... (n_vec groups,
@@ -60,8 +62,8 @@ __device__ __forceinline__ float step_lr_t(const AdamHyper& h, const std::int32_
 // gradient it consumed (the layers accumulate into it).
 __global__ void adam_step_kernel(float* __restrict__ w, float* __restrict__ grad, float* __restrict__ m,
                                  float* __restrict__ v, std::int64_t n, std::int64_t n_vec, AdamHyper h,
-                                 const std::int32_t* __restrict__ step) {
-  const float lr_t = step_lr_t(h, step);
+                                 const std::int32_t* __restrict__ step, double ahead) {
+  const float lr_t = step_lr_t(h, step, ahead);
   const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
   const std::int64_t tid = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   for (std::int64_t i = tid; i < n_vec; i += stride) {
@@ -213,12 +215,12 @@ __global__ void finish_step_mixed_kernel(std::int32_t* step, LossScaleState* s, 
 }  // namespace
 
 void launch_adam_step(float* w, float* grad, float* m, float* v, std::int64_t n, float lr, float beta1, float beta2,
-                      float eps, const std::int32_t* step, GpuStream stream) {
+                      float eps, const std::int32_t* step, GpuStream stream, bool count_moved) {
   if (n <= 0) return;
   const bool vec = aligned(w, 16) && aligned(grad, 16) && aligned(m, 16) && aligned(v, 16);
   const std::int64_t n_vec = vec ? n / 4 : 0;
   adam_step_kernel<<<blocks_for(std::max(n_vec, n - 4 * n_vec)), kBlock, 0, stream>>>(
-      w, grad, m, v, n, n_vec, AdamHyper{lr, beta1, beta2, eps}, step);
+      w, grad, m, v, n, n_vec, AdamHyper{lr, beta1, beta2, eps}, step, count_moved ? 0.0 : 1.0);
   MF_CHECK_LAUNCH();
 }
 

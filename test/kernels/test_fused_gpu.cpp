@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <numeric>
 #include <stdexcept>
 #include <string>
@@ -281,7 +282,7 @@ ConvRun run_conv(const FusedConvSizes& g, const ConvInput& d, const Tensor& w, c
         bytes_of(scratch_both, scratch.numel()) == bytes_of(scratch, scratch.numel());
   }
   const FusedWgradSum sum{g, partials, dw.raw(), db.raw()};
-  launch_fused_conv_wgrad_sums(&sum, 1, nullptr, 0, half, compute_stream());
+  launch_fused_conv_wgrad_sums(&sum, 1, nullptr, 0, nullptr, half, compute_stream());
   r.pooled = back(pooled);
   r.dw = back(dw);
   r.db = back(db);
@@ -402,7 +403,8 @@ TEST(FusedGpu, ConvolutionsGiveTheSameBitsAtEveryLaunch) {
 // The weight gradients' second pass for the step's two convolutions in one launch: each
 // parameter gets its layer's partial sums added in chunk order, in f32, onto what its
 // gradient held (the host repeats that order, so the bits must match exactly, also in f16,
-// rounded once at the end), and the batch cursor moves on by the batch.
+// rounded once at the end), the batch cursor moves on by the batch, and the optimizer's
+// update count by one, stopping at 2^31 - 1 as launch_finish_step's does.
 TEST(FusedGpu, WeightGradientSumsOfBothLayersInOneLaunch) {
   MF_SKIP_WITHOUT_GPU();
   for (bool half : {false, true}) {
@@ -431,7 +433,11 @@ TEST(FusedGpu, WeightGradientSumsOfBothLayersInOneLaunch) {
       sums[l] = {g[l], partials_dev[l].data<float>(), dw[l].raw(), db[l].raw()};
     }
     Tensor cursor = device_bytes(std::vector<std::int64_t>{128});
-    launch_fused_conv_wgrad_sums(sums, 2, static_cast<std::int64_t*>(cursor.raw()), 9, half, compute_stream());
+    constexpr std::int32_t kMax = std::numeric_limits<std::int32_t>::max();
+    Tensor count = device_bytes(std::vector<std::int32_t>{41}), top = device_bytes(std::vector<std::int32_t>{kMax});
+    launch_fused_conv_wgrad_sums(sums, 2, static_cast<std::int64_t*>(cursor.raw()), 9,
+                                 static_cast<std::int32_t*>(count.raw()), half, compute_stream());
+    launch_fused_conv_wgrad_sums(nullptr, 0, nullptr, 0, static_cast<std::int32_t*>(top.raw()), half, compute_stream());
     for (int l = 0; l < 2; ++l) {
       SCOPED_TRACE("layer " + std::to_string(l));
       const std::int64_t n_w = dw0[l].numel(), params = partials[l].dim(1);
@@ -451,9 +457,15 @@ TEST(FusedGpu, WeightGradientSumsOfBothLayersInOneLaunch) {
     std::int64_t moved = 0;
     std::memcpy(&moved, c.raw(), sizeof(moved));
     EXPECT_EQ(moved, 128 + 9);
+    for (const auto& [t, want] : {std::pair{&count, 42}, {&top, kMax}}) {
+      const Tensor h = t->to(Device::kCpu);
+      std::int32_t got = 0;
+      std::memcpy(&got, h.raw(), sizeof(got));
+      EXPECT_EQ(got, want) << "update count";
+    }
   }
   try {
-    launch_fused_conv_wgrad_sums(nullptr, 3, nullptr, 0, false, compute_stream());
+    launch_fused_conv_wgrad_sums(nullptr, 3, nullptr, 0, nullptr, false, compute_stream());
     FAIL() << "three layers were summed in a launch made for two";
   } catch (const std::invalid_argument& e) {
     EXPECT_NE(std::string(e.what()).find("3 layers in one launch (at most 2)"), std::string::npos) << e.what();

@@ -586,6 +586,37 @@ TEST(KernelsGpu, AdamStepMatchesReferenceOverThreeSteps) {
     }
 }
 
+// The fused step moves the count on before Adam runs (launch_adam_step's count_moved):
+// three steps that way give the same bits as the usual update-then-count, and the same count.
+TEST(KernelsGpu, AdamAfterTheCountMovedGivesTheUsualUpdate) {
+  MF_SKIP_WITHOUT_GPU();
+  Rng rng(62);
+  const std::size_t n = 1003;
+  const auto count = static_cast<std::int64_t>(n);
+  const std::vector<float> w0 = uniform_vec(n, -1.0f, 1.0f, rng);
+  struct State {
+    Tensor w, g, m, v, step;
+  };
+  State usual{upload(w0), upload(std::vector<float>(n)), upload(std::vector<float>(n)), upload(std::vector<float>(n)),
+              upload(std::vector<std::int32_t>{0})};
+  State moved{upload(w0), upload(std::vector<float>(n)), upload(std::vector<float>(n)), upload(std::vector<float>(n)),
+              upload(std::vector<std::int32_t>{0})};
+  const AdamRef h;
+  for (int s = 0; s < 3; ++s) {
+    const std::vector<float> g = uniform_vec(n, -1.0f, 1.0f, rng);
+    for (State* st : {&usual, &moved}) st->g.copy_from(upload(g));
+    launch_adam_step(ptr<float>(usual.w), ptr<float>(usual.g), ptr<float>(usual.m), ptr<float>(usual.v), count, h.lr,
+                     h.beta1, h.beta2, h.eps, ptr<std::int32_t>(usual.step), stream());
+    launch_finish_step(ptr<std::int32_t>(usual.step), stream());
+    launch_finish_step(ptr<std::int32_t>(moved.step), stream());
+    launch_adam_step(ptr<float>(moved.w), ptr<float>(moved.g), ptr<float>(moved.m), ptr<float>(moved.v), count, h.lr,
+                     h.beta1, h.beta2, h.eps, ptr<std::int32_t>(moved.step), stream(), true);
+    for (Tensor State::*t : {&State::w, &State::m, &State::v})
+      EXPECT_EQ(download<float>(usual.*t, n), download<float>(moved.*t, n)) << "step " << s + 1;
+    EXPECT_EQ(download<std::int32_t>(moved.step, 1)[0], s + 1);
+  }
+}
+
 // The device step count stops at 2^31 - 1 (FP32 and mixed precision), and Adam's update
 // there has a bias correction of 1. It used to wrap to -2^31, whose bias correction is NaN.
 TEST(KernelsGpu, StepCountStopsAtInt32Max) {
