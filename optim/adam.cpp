@@ -81,10 +81,16 @@ void Adam::step() {
     launch_finish_step_mixed(t, st, scaler_config_.growth_interval, scaler_config_.min_scale,
                              scaler_config_.max_scale, s);
   } else {
-    launch_adam_step(pack_->values().data<float>(), pack_->grads().data<float>(), m_.data<float>(), v_.data<float>(),
-                     n, config_.lr, config_.beta1, config_.beta2, config_.eps, t, s);
+    step_gpu_f32(false);
     launch_finish_step(t, s);
   }
+}
+
+// FP32 GPU Adam: t = *step + 1, or *step itself once a kernel of the step has moved it.
+void Adam::step_gpu_f32(bool count_moved) {
+  launch_adam_step(pack_->values().data<float>(), pack_->grads().data<float>(), m_.data<float>(), v_.data<float>(),
+                   pack_->total(), config_.lr, config_.beta1, config_.beta2, config_.eps, step_.data<std::int32_t>(),
+                   compute_stream(), count_moved);
 }
 
 std::int32_t* Adam::device_step_count() {
@@ -94,9 +100,7 @@ std::int32_t* Adam::device_step_count() {
 
 void Adam::step_after_count_moved() {
   if (!device_step_count()) throw std::logic_error("Adam::step_after_count_moved: no device step count to have moved");
-  launch_adam_step(pack_->values().data<float>(), pack_->grads().data<float>(), m_.data<float>(), v_.data<float>(),
-                   pack_->total(), config_.lr, config_.beta1, config_.beta2, config_.eps, step_.data<std::int32_t>(),
-                   compute_stream(), true);
+  step_gpu_f32(true);
 }
 
 void Adam::step_cpu() {

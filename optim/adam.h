@@ -47,6 +47,7 @@ class Adam final : public Optimizer {
 
  private:
   void step_cpu();
+  void step_gpu_f32(bool count_moved);
   AdamConfig config_;
   LossScalerConfig scaler_config_;
   std::unique_ptr<ParamPack> pack_;
