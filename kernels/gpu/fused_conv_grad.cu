@@ -21,6 +21,28 @@ namespace {
 using namespace fused_detail;
 
 // ---- weight gradient: partial sums per chunk of images, then their sum in chunk order ----
+// What both partial-sum kernels walk: the pooled outputs of filter f in chunk `chunk`'s
+// images, image by image, position by position (the order every partial sum keeps, so that
+// both kernels give the same bits), calling visit(x, py, px, q, dz) for each whose gradient
+// dz passed ReLU, with x the image's input row and q the window position that won. Most
+// are skipped: at most one of a window's four outputs has a gradient, and ReLU zeroes more.
+template <class T, class In, class Visit>
+__device__ __forceinline__ void visit_passed(const FusedConvSizes& g, const In& in, const T* __restrict__ dpool,
+                                             const T* __restrict__ pooled, const std::uint8_t* __restrict__ winners,
+                                             i64 chunk, i64 f, const Visit& visit) {
+  const i64 ph = pooled_h(g), pw = pooled_w(g);
+  const i64 s0 = chunk * kChunkImages, s1 = s0 + kChunkImages < g.n ? s0 + kChunkImages : g.n;
+  for (i64 s = s0; s < s1; ++s) {
+    const auto* x = in.row(s);
+    for (i64 py = 0; py < ph; ++py)
+      for (i64 px = 0; px < pw; ++px) {
+        const i64 o = ((s * ph + py) * pw + px) * g.filters + f;
+        const float dz = pooled_grad(dpool, pooled, o);
+        if (dz != 0.0f) visit(x, py, px, static_cast<int>(winners[o]), dz);
+      }
+  }
+}
+
 // Parameters p = 0 .. filters*9*c - 1 are the kernel (f, r, t, c) in its (K, k, k, C)
 // layout, then the filters' biases. The gradient at pooled output (n, py, px, f) came from
 // window position winners[...], so it multiplies the inputs under that position's window.
@@ -31,30 +53,17 @@ template <class T, class In>
 __global__ void conv_wgrad_partials_kernel(FusedConvSizes g, In in, const T* __restrict__ dpool,
                                            const T* __restrict__ pooled, const std::uint8_t* __restrict__ winners,
                                            float* partials) {
-  const i64 ph = pooled_h(g), pw = pooled_w(g);
   const i64 params = params_of(g), n_w = params - g.filters;
-  const i64 chunk = blockIdx.x, s0 = chunk * kChunkImages, s1 = s0 + kChunkImages < g.n ? s0 + kChunkImages : g.n;
+  const i64 chunk = blockIdx.x;
   const i64 p = static_cast<i64>(blockIdx.y) * blockDim.x + threadIdx.x;
   if (p < params) {
     const bool bias = p >= n_w;
     const i64 f = bias ? p - n_w : p / (kK * kK * g.c);
     const i64 c = p % g.c, t = p / g.c % kK, r = p / (g.c * kK) % kK;
     float acc = 0.0f;
-    for (i64 s = s0; s < s1; ++s) {
-      const auto* x = in.row(s);
-      for (i64 py = 0; py < ph; ++py)
-        for (i64 px = 0; px < pw; ++px) {
-          const i64 o = ((s * ph + py) * pw + px) * g.filters + f;
-          const float dz = pooled_grad(dpool, pooled, o);
-          if (dz == 0.0f) continue;  // most of them: not the winner's ReLU-passed gradient
-          if (bias) {
-            acc += dz;
-          } else {
-            const int q = winners[o];
-            acc += dz * In::at(x, ((2 * py + q / 2 + r) * g.w + 2 * px + q % 2 + t) * g.c + c);
-          }
-        }
-    }
+    visit_passed(g, in, dpool, pooled, winners, chunk, f, [&](const auto* x, i64 py, i64 px, int q, float dz) {
+      acc += bias ? dz : dz * In::at(x, ((2 * py + q / 2 + r) * g.w + 2 * px + q % 2 + t) * g.c + c);
+    });
     partials[chunk * params + p] = acc;
   }
 }
@@ -73,28 +82,18 @@ template <class T>
 __device__ void wgrad_taps(const FusedConvSizes& g, const Activations<T>& in, const T* __restrict__ dpool,
                            const T* __restrict__ pooled, const std::uint8_t* __restrict__ winners, float* partials,
                            i64 block, i64 blocks) {
-  const i64 ph = pooled_h(g), pw = pooled_w(g);
   const i64 params = params_of(g), n_w = params - g.filters;
   const i64 total = chunks_of(g) * g.filters * g.c;
   const i64 stride = blocks * blockDim.x;
   for (i64 e = block * blockDim.x + threadIdx.x; e < total; e += stride) {
     const i64 c = e % g.c, f = e / g.c % g.filters, chunk = e / (g.c * g.filters);
-    const i64 s0 = chunk * kChunkImages, s1 = s0 + kChunkImages < g.n ? s0 + kChunkImages : g.n;
     float acc[kK * kK] = {}, bias = 0.0f;
-    for (i64 s = s0; s < s1; ++s) {
-      const T* x = in.row(s);
-      for (i64 py = 0; py < ph; ++py)
-        for (i64 px = 0; px < pw; ++px) {
-          const i64 o = ((s * ph + py) * pw + px) * g.filters + f;
-          const float dz = pooled_grad(dpool, pooled, o);
-          if (dz == 0.0f) continue;
-          const int q = winners[o];
-          const i64 at = ((2 * py + q / 2) * g.w + 2 * px + q % 2) * g.c + c;  // the winner's tap (0, 0)
-          for (int r = 0; r < kK; ++r)
-            for (int t = 0; t < kK; ++t) acc[r * kK + t] += dz * to_f32(x[at + (r * g.w + t) * g.c]);
-          bias += dz;
-        }
-    }
+    visit_passed(g, in, dpool, pooled, winners, chunk, f, [&](const T* x, i64 py, i64 px, int q, float dz) {
+      const i64 at = ((2 * py + q / 2) * g.w + 2 * px + q % 2) * g.c + c;  // the winner's tap (0, 0)
+      for (int r = 0; r < kK; ++r)
+        for (int t = 0; t < kK; ++t) acc[r * kK + t] += dz * to_f32(x[at + (r * g.w + t) * g.c]);
+      bias += dz;
+    });
     float* out = partials + chunk * params;
     for (int tap = 0; tap < kK * kK; ++tap) out[(f * kK * kK + tap) * g.c + c] = acc[tap];
     if (c == 0) out[n_w + f] = bias;
