@@ -237,13 +237,15 @@ struct Block {
 
   // The storage of the __shared__ variable `key` (one per declaration, see block_shared),
   // made and poisoned by the first thread that asks.
-  void* shared_memory(const void* key, std::size_t bytes) {
+  // At least 16-byte aligned, as a float4 or uint4 in shared memory needs, more where the
+  // type asks (a wmma tile's 32 bytes); exactly `bytes` long, so that AddressSanitizer sees
+  // an access past the variable's end.
+  void* shared_memory(const void* key, std::size_t bytes, std::size_t align) {
     std::lock_guard<std::mutex> lock(shared_mu);
     for (auto& [k, mem] : shared)
       if (k == key) return mem.get();
-    // max_align_t: 16-byte aligned, as a float4 or uint4 in shared memory needs.
-    std::unique_ptr<std::max_align_t[]> mem(new std::max_align_t[(bytes + sizeof(std::max_align_t) - 1) /
-                                                                  sizeof(std::max_align_t)]);
+    const std::align_val_t a{std::max<std::size_t>(align, 16)};
+    SharedBytes mem(::operator new(bytes, a), [a](void* m) { ::operator delete(m, a); });
     std::memset(mem.get(), 0xff, bytes);
     shared.emplace_back(key, std::move(mem));
     return shared.back().second.get();
@@ -282,7 +284,8 @@ struct Block {
   std::vector<std::array<std::uint64_t, kWarp>> slots;
   std::atomic<int> or_flag{0};
   std::mutex shared_mu;
-  std::vector<std::pair<const void*, std::unique_ptr<std::max_align_t[]>>> shared;
+  using SharedBytes = std::unique_ptr<void, std::function<void(void*)>>;
+  std::vector<std::pair<const void*, SharedBytes>> shared;
 
  private:
   // Under mu: the next warp that still has live threads, or the next phase.
@@ -318,7 +321,7 @@ inline std::mutex& atomics_mutex() {
 template <class T, class Tag>
 T& block_shared(Tag) {
   static const char key = 0;
-  return *static_cast<T*>(this_block->shared_memory(&key, sizeof(T)));
+  return *static_cast<T*>(this_block->shared_memory(&key, sizeof(T), alignof(T)));
 }
 
 // Runs job(0) .. job(n - 1) on n threads at once, returning when all have. Worker t runs
@@ -500,6 +503,14 @@ inline int __syncthreads_or(int predicate) {
 // emulated atomic takes a lock, itself a full fence: a missing __threadfence() before a
 // plain store is published through an atomic cannot show here. It is still compiled as one.
 inline void __threadfence() { std::atomic_thread_fence(std::memory_order_seq_cst); }
+// __syncwarp(): the warp's lanes wait for each other, and see each other's writes to
+// shared memory from before it. Full warps only, as the shuffles below.
+inline void __syncwarp(unsigned mask = 0xffffffffu) {
+  using namespace mf::emulator;
+  if (mask != 0xffffffffu) throw std::runtime_error("emulated __syncwarp: only full-warp masks are emulated");
+  sync_point();
+  pthread_barrier_wait(&this_block->warp_barriers[this_thread / kWarp]);
+}
 // Every lane of the warp must take part (mask 0xffffffff), as in all of our kernels.
 template <class T>
 T __shfl_xor_sync(unsigned mask, T value, int lane_mask) {

@@ -4,6 +4,7 @@
 #include "test/emulator/planted_races.h"
 
 #include "test/emulator/cuda_emulator.h"
+#include "test/emulator/include/mma.h"
 
 namespace mf::planted {
 
@@ -53,7 +54,34 @@ __global__ void atomic_sum_kernel(const float* x, float* out) {
   atomicAdd(out, s);
 }
 
+struct alignas(32) WmmaStage {
+  float a[16][8];
+};
+
+template <bool kSync>
+__global__ void wmma_product_kernel(const float* a, const float* b, float* d) {
+  using namespace nvcuda;
+  __shared__ WmmaStage st;
+  for (int i = static_cast<int>(threadIdx.x); i < 16 * 8; i += 32) st.a[i / 8][i % 8] = a[i];
+  if (kSync) __syncwarp();  // without it: a lane may load the tile before the others wrote theirs
+  wmma::fragment<wmma::matrix_a, 16, 16, 8, wmma::precision::tf32, wmma::row_major> fa;
+  wmma::fragment<wmma::matrix_b, 16, 16, 8, wmma::precision::tf32, wmma::row_major> fb;
+  wmma::fragment<wmma::accumulator, 16, 16, 8, float> acc;
+  wmma::load_matrix_sync(fa, &st.a[0][0], 8);
+  wmma::load_matrix_sync(fb, b, 16);
+  for (int i = 0; i < fa.num_elements; ++i) fa.x[i] = wmma::__float_to_tf32(fa.x[i]);
+  for (int i = 0; i < fb.num_elements; ++i) fb.x[i] = wmma::__float_to_tf32(fb.x[i]);
+  wmma::fill_fragment(acc, 0.0f);
+  wmma::mma_sync(acc, fa, fb, acc);
+  wmma::store_matrix_sync(d, acc, 16, wmma::mem_row_major);
+}
+
 }  // namespace
+
+void wmma_product(const float* a, const float* b, bool sync, float* d) {
+  if (sync) wmma_product_kernel<true><<<1, 32, 0, nullptr>>>(a, b, d);
+  else wmma_product_kernel<false><<<1, 32, 0, nullptr>>>(a, b, d);
+}
 
 void block_sums(const float* x, int blocks, bool sync, float* out) {
   if (sync) block_sums_kernel<true><<<blocks, kThreads, 0, nullptr>>>(x, out);

@@ -18,4 +18,9 @@ void last_block_sum(const float* x, int blocks, bool trust_index, float* partial
 // *out += each block's chunk sum (32 elements a block), by one float atomicAdd per block.
 void atomic_sum(const float* x, int blocks, float* out);
 
+// d (16 x 16, row-major) = a (16 x 8, row-major) b (8 x 16, row-major) on the emulated
+// Tensor Cores (TF32, one warp): the lanes stage a in shared memory and the warp loads its
+// fragment from there; `sync` false leaves out the __syncwarp() between the two.
+void wmma_product(const float* a, const float* b, bool sync, float* d);
+
 }  // namespace mf::planted

@@ -11,6 +11,7 @@
 #include <set>
 #include <vector>
 
+#include "test/emulator/include/mma.h"
 #include "test/emulator/planted_races.h"
 
 namespace mf {
@@ -101,6 +102,55 @@ TEST(EmulatedRaces, FloatAtomicsLandInAnotherOrderAtEachLaunch) {
     results.insert(bits(out));
   }
   EXPECT_GT(results.size(), 1u) << "all " << kLaunches << " launches added in one order";
+}
+
+}  // namespace
+}  // namespace mf
+
+namespace mf {
+namespace {
+
+// The emulated Tensor Cores (include/mma.h): a 16 x 8 by 8 x 16 product of small integers
+// (exact in TF32) as the loops give it; without the __syncwarp() between the lanes' staging
+// and the warp's load, some launch multiplies a tile not yet written (poison: NaN).
+TEST(EmulatedRaces, WmmaLoadWithoutSyncwarpReadsAnUnwrittenStage) {
+  MF_SKIP_PLANTED_RACE_UNDER_TSAN();
+  struct alignas(32) Tile {  // a warp matrix load or store wants 32-byte alignment
+    float v[256];
+    bool operator!=(const Tile& o) const { return std::memcmp(v, o.v, sizeof v) != 0; }
+  };
+  Tile a{}, b{}, want{};
+  for (int i = 0; i < 16 * 8; ++i) a.v[i] = static_cast<float>(i % 5 - 2);
+  for (int i = 0; i < 8 * 16; ++i) b.v[i] = static_cast<float>(i % 3 - 1);
+  for (int i = 0; i < 16; ++i)
+    for (int j = 0; j < 16; ++j)
+      for (int k = 0; k < 8; ++k) want.v[i * 16 + j] += a.v[i * 8 + k] * b.v[k * 16 + j];
+  int wrong = 0;
+  for (int launch = 0; launch < kLaunches; ++launch) {
+    Tile with{}, without{};
+    planted::wmma_product(a.v, b.v, /*sync=*/true, with.v);
+    planted::wmma_product(a.v, b.v, /*sync=*/false, without.v);
+    EXPECT_FALSE(with != want) << "with __syncwarp(), launch " << launch;
+    wrong += without != want;
+  }
+  EXPECT_GT(wrong, 0) << "without __syncwarp() every one of " << kLaunches << " launches multiplied right";
+}
+
+// What the CUDA guide asks of a warp matrix load or store: a 256-bit aligned pointer, ldm a
+// multiple of 16 bytes; and TF32's rounding, to nearest with ties away from zero.
+TEST(EmulatedRaces, WmmaChecksAlignmentAndRoundsToTf32) {
+  alignas(32) float tile[64] = {};
+  EXPECT_NO_THROW(nvcuda::wmma::detail::check_access(tile, 8, sizeof(float), "load"));
+  EXPECT_THROW(nvcuda::wmma::detail::check_access(tile + 4, 8, sizeof(float), "load"), std::runtime_error);
+  EXPECT_THROW(nvcuda::wmma::detail::check_access(tile, 6, sizeof(float), "load"), std::runtime_error);
+  EXPECT_NO_THROW(nvcuda::wmma::detail::check_access(tile, 8, 2, "load"));  // 8 halves: 16 bytes
+  const float ulp = std::ldexp(1.0f, -10);  // TF32's spacing at 1
+  EXPECT_EQ(nvcuda::wmma::__float_to_tf32(1.0f + ulp / 2), 1.0f + ulp);     // a tie: away from zero
+  EXPECT_EQ(nvcuda::wmma::__float_to_tf32(-1.0f - ulp / 2), -1.0f - ulp);
+  EXPECT_EQ(nvcuda::wmma::__float_to_tf32(1.0f + ulp / 4), 1.0f);
+  EXPECT_EQ(nvcuda::wmma::__float_to_tf32(1.0f + ulp * 0.75f), 1.0f + ulp);
+  EXPECT_EQ(nvcuda::wmma::__float_to_tf32(INFINITY), INFINITY);
+  EXPECT_TRUE(std::isnan(nvcuda::wmma::__float_to_tf32(NAN)));
 }
 
 }  // namespace
