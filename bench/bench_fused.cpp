@@ -71,7 +71,14 @@ class FusedLaunches {
         {"conv1_fwd",
          [=] { launch_fused_conv1_forward(g1_, batch, w(0, 0), w(0, 1), pooled1_.raw(), w1, labels, half_, s_); }},
         {"conv2_fwd",
-         [=] { launch_fused_conv_forward(g2_, pooled1_.raw(), w(2, 0), w(2, 1), pooled2_.raw(), w2, half_, s_); }},
+         [=] {
+           launch_fused_conv_forward(g2_, pooled1_.raw(), w(2, 0), w(2, 1), pooled2_.raw(), w2, half_, false, s_);
+         }},
+        // What the step runs unless exact FP32 is asked for: the products on Tensor Cores.
+        {"conv2_fwd_tc",
+         [=] {
+           launch_fused_conv_forward(g2_, pooled1_.raw(), w(2, 0), w(2, 1), pooled2_.raw(), w2, half_, true, s_);
+         }},
         {"head",
          [=] {
            launch_fused_head(gh_, pooled2_.raw(), w(5, 0), w(5, 1), w(6, 0), w(6, 1), labels,

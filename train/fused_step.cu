@@ -96,8 +96,11 @@ void FusedStep::enqueue(GpuTrainer& t, Layers& layers, Optimizer& opt, std::int6
   // Forward: the two convolutions, each with its bias, ReLU and pooling.
   launch_fused_conv1_forward(g1, batch, weights(layers, 0, 0, half), weights(layers, 0, 1, half), pooled1_.raw(),
                              win1, labels, half, s);
+  // Conv2's products on Tensor Cores (TF32 in FP32) unless the model asks for exact FP32
+  // arithmetic (KernelOptions::fma_math_only, as the library rung's cuDNN math mode).
+  const bool tensor_cores = !conv_at(layers, 2).kernel_options().fma_math_only;
   launch_fused_conv_forward(g2, pooled1_.raw(), weights(layers, 2, 0, half), weights(layers, 2, 1, half),
-                            pooled2_.raw(), win2, half, s);
+                            pooled2_.raw(), win2, half, tensor_cores, s);
   // The head, forward and backward; the loss statistics; dpool2 = the gradient at conv2's
   // pooled output (the flattened input of dense).
   launch_fused_head(gh, pooled2_.raw(), weights(layers, 5, 0, half), weights(layers, 5, 1, half),

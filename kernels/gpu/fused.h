@@ -86,9 +86,12 @@ void launch_fused_conv1_wgrad_partials(const FusedConvSizes& g, const FusedBatch
                                        const void* pooled, const std::uint8_t* winners, float* scratch, bool half,
                                        GpuStream stream);
 
-// The same for a convolution of activations x (n, h, w, c), f32 or f16.
+// The same for a convolution of activations x (n, h, w, c), f32 or f16. With tensor_cores
+// and where fused_conv_takes_tensor_cores(), its products run on Tensor Cores (TF32 in f32,
+// half in f16, f32 sums; fused_conv_tc.cu), else on CUDA cores in exact f32 arithmetic.
+bool fused_conv_takes_tensor_cores(const FusedConvSizes& g, const void* w, bool half);
 void launch_fused_conv_forward(const FusedConvSizes& g, const void* x, const void* w, const void* b, void* pooled,
-                               std::uint8_t* winners, bool half, GpuStream stream);
+                               std::uint8_t* winners, bool half, bool tensor_cores, GpuStream stream);
 void launch_fused_conv_wgrad_partials(const FusedConvSizes& g, const void* x, const void* dpool, const void* pooled,
                                       const std::uint8_t* winners, float* scratch, bool half, GpuStream stream);
 // Its data gradient: dx (n, h, w, c) = the gradient at each input, through the pooling,

@@ -144,10 +144,15 @@ void launch_fused_conv1_forward(const FusedConvSizes& g, const FusedBatch& batch
   else forward<float>(g, pixels(g, batch, labels_out), w, b, pooled, winners, stream);
 }
 
+bool fused_conv_takes_tensor_cores(const FusedConvSizes& g, const void* w, bool half) {
+  return tensor_cores_fit(g, w, half);
+}
+
 void launch_fused_conv_forward(const FusedConvSizes& g, const void* x, const void* w, const void* b, void* pooled,
-                               std::uint8_t* winners, bool half, GpuStream stream) {
+                               std::uint8_t* winners, bool half, bool tensor_cores, GpuStream stream) {
   check_sizes(g);
   if (g.n == 0) return;
+  if (tensor_cores && tensor_cores_fit(g, w, half)) return conv_forward_tensor_cores(g, x, w, b, pooled, winners, half, stream);
   if (half) forward<__half>(g, activations<__half>(g, x), w, b, pooled, winners, stream);
   else forward<float>(g, activations<float>(g, x), w, b, pooled, winners, stream);
 }

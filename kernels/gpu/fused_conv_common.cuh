@@ -49,8 +49,8 @@ struct Activations {
   __device__ void write_label(i64) const {}
 };
 
-__device__ __forceinline__ i64 pooled_h(const FusedConvSizes& g) { return (g.h - kK + 1) / 2; }
-__device__ __forceinline__ i64 pooled_w(const FusedConvSizes& g) { return (g.w - kK + 1) / 2; }
+__host__ __device__ __forceinline__ i64 pooled_h(const FusedConvSizes& g) { return (g.h - kK + 1) / 2; }
+__host__ __device__ __forceinline__ i64 pooled_w(const FusedConvSizes& g) { return (g.w - kK + 1) / 2; }
 // A weight gradient's partial sums (one per chunk of kChunkImages images) and its
 // parameters: the kernel's (filters, 3, 3, c), then the biases.
 __host__ __device__ __forceinline__ i64 chunks_of(const FusedConvSizes& g) {
@@ -92,5 +92,12 @@ inline Activations<T> activations(const FusedConvSizes& g, const void* x) {
 inline DatasetPixels pixels(const FusedConvSizes& g, const FusedBatch& batch, std::int32_t* labels_out) {
   return DatasetPixels{batch.images, batch.labels, batch.perm, batch.offset, labels_out, g.h * g.w * g.c};
 }
+
+// The second convolution's forward on Tensor Cores (fused_conv_tc.cu): whether it takes
+// g's sizes and weights w (channels a multiple of its k step, filters of 32, w 32-byte
+// aligned for the warp matrix loads), and the launch.
+bool tensor_cores_fit(const FusedConvSizes& g, const void* w, bool half);
+void conv_forward_tensor_cores(const FusedConvSizes& g, const void* x, const void* w, const void* b, void* pooled,
+                               std::uint8_t* winners, bool half, cudaStream_t stream);
 
 }  // namespace mf::fused_detail

@@ -91,8 +91,11 @@ void launch_fused_conv1_wgrad_partials(const FusedConvSizes&, const FusedBatch&,
                                        const std::uint8_t*, float*, bool, GpuStream) {
   no_gpu("fused_conv1_wgrad_partials");
 }
+bool fused_conv_takes_tensor_cores(const FusedConvSizes&, const void*, bool) {
+  no_gpu("fused_conv_takes_tensor_cores");
+}
 void launch_fused_conv_forward(const FusedConvSizes&, const void*, const void*, const void*, void*, std::uint8_t*,
-                               bool, GpuStream) {
+                               bool, bool, GpuStream) {
   no_gpu("fused_conv_forward");
 }
 void launch_fused_conv_wgrad_partials(const FusedConvSizes&, const void*, const void*, const void*, const std::uint8_t*,

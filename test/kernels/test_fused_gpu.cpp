@@ -242,7 +242,7 @@ std::vector<std::uint8_t> bytes_of(const Tensor& device_u8, std::int64_t count) 
 }
 
 ConvRun run_conv(const FusedConvSizes& g, const ConvInput& d, const Tensor& w, const Tensor& b, const Tensor& dpool,
-                 bool half) {
+                 bool half, bool tensor_cores = false) {
   const DType dt = half ? DType::kF16 : DType::kF32;
   const std::int64_t ph = (g.h - 2) / 2, pw = (g.w - 2) / 2, outputs = g.n * ph * pw * g.filters;
   const Tensor wd = dev(w, dt), bd = dev(b, dt), dpd = dev(dpool, dt);
@@ -267,7 +267,7 @@ ConvRun run_conv(const FusedConvSizes& g, const ConvInput& d, const Tensor& w, c
   } else {
     const Tensor x = dev(d.x, dt);
     Tensor dx = Tensor::zeros(d.x.shape(), dt, Device::kGpu);
-    launch_fused_conv_forward(g, x.raw(), wd.raw(), bd.raw(), pooled.raw(), win, half, compute_stream());
+    launch_fused_conv_forward(g, x.raw(), wd.raw(), bd.raw(), pooled.raw(), win, half, tensor_cores, compute_stream());
     launch_fused_conv_wgrad_partials(g, x.raw(), dpd.raw(), pooled.raw(), win, partials, half, compute_stream());
     launch_fused_conv_dgrad(g, dpd.raw(), pooled.raw(), win, wd.raw(), dx.raw(), half, compute_stream());
     r.dx = back(dx);
@@ -295,8 +295,9 @@ double rounded(double v, bool half) {
   return half ? static_cast<double>(round_to_half(f)) : f;
 }
 
-void check_conv(const FusedConvSizes& g, bool from_dataset, bool half, std::uint64_t seed) {
+void check_conv(const FusedConvSizes& g, bool from_dataset, bool half, std::uint64_t seed, bool tensor_cores = false) {
   SCOPED_TRACE(std::string(half ? "f16" : "f32") + (from_dataset ? " conv1 (u8 data set)" : " conv (activations)") +
+               (tensor_cores ? " on Tensor Cores" : "") +
                " n=" + std::to_string(g.n) + " " + std::to_string(g.h) + "x" + std::to_string(g.w) + "x" +
                std::to_string(g.c) + " K=" + std::to_string(g.filters));
   Rng rng(seed);
@@ -307,13 +308,16 @@ void check_conv(const FusedConvSizes& g, bool from_dataset, bool half, std::uint
   if (half) {
     for (Tensor* t : {&w, &b, &dpool}) testing::round_to_half(*t);
   }
-  const ConvRun r = run_conv(g, d, w, b, dpool, half);
+  const ConvRun r = run_conv(g, d, w, b, dpool, half, tensor_cores);
 
   // Forward: the reference convolution with ReLU, rounded as the kernel stores it, pooled
   // here. Where two window outputs are within the tolerance of each other either may win:
   // the winner must hold the window's maximum to within it.
   const std::vector<double> conv = testing::conv2d_forward_ref(d.x, w, b, true);
-  const Tol tol = half ? Tol{1e-3, 1e-2} : Tol{1e-5, 1e-4};
+  // TF32 keeps 10 of f32's 23 mantissa bits: each product's two inputs are rounded to within
+  // 2^-11 relative, errors of either sign, so an output's error is about
+  // 2^-11 * sqrt(2 * sum (x w)^2): ~2e-3 at c = 48 (432 products, |x w| <= 0.5).
+  const Tol tol = half ? Tol{1e-3, 1e-2} : tensor_cores ? Tol{1e-2, 1e-2} : Tol{1e-5, 1e-4};
   std::vector<double> want(static_cast<std::size_t>(r.pooled.numel()));
   int wrong_winners = 0;
   Tensor dconv = Tensor::zeros({g.n, oh, ow, g.filters});  // dpool taken back to the conv's output
@@ -377,6 +381,48 @@ TEST(FusedGpu, Conv2MatchesTheReference) {
     check_conv({3, 8, 9, 5, 7}, false, half, 32);
     check_conv({2, 7, 6, 41, 37}, false, half, 33);
     check_conv({8, 19, 19, 41, 33}, false, half, 34);
+  }
+}
+
+// Conv2's forward on Tensor Cores (fused_conv_tc.cu: TF32 in f32, half in f16): the
+// model's layer (125 windows, the last tile of 16 rows holding one), more channels than a
+// stage holds (48: a stage of 32 and one of 16), three groups of 32 filters, odd image
+// sizes. The backward passes use its winners, so they are checked through it too. Sizes it
+// does not take (channels not a multiple of its k step, filters not of 32) run on CUDA cores.
+TEST(FusedGpu, Conv2OnTensorCoresMatchesTheReference) {
+  MF_SKIP_WITHOUT_GPU();
+  const FusedConvSizes model{5, 13, 13, 32, 64};
+  for (bool half : {false, true}) {
+    check_conv(model, false, half, 35, true);
+    check_conv({3, 9, 10, 48, 32}, false, half, 36, true);
+    check_conv({2, 6, 7, 16, 96}, false, half, 37, true);
+    check_conv({3, 8, 9, 5, 7}, false, half, 32, true);  // CUDA cores
+  }
+  EXPECT_TRUE(fused_conv_takes_tensor_cores(model, nullptr, false));
+  EXPECT_TRUE(fused_conv_takes_tensor_cores({2, 6, 7, 16, 96}, nullptr, true));
+  EXPECT_FALSE(fused_conv_takes_tensor_cores({2, 6, 7, 8, 96}, nullptr, true));  // 8 channels: half's k is 16
+  EXPECT_FALSE(fused_conv_takes_tensor_cores({2, 6, 7, 16, 48}, nullptr, false));
+  const float* misaligned = reinterpret_cast<const float*>(std::uintptr_t{16});
+  EXPECT_FALSE(fused_conv_takes_tensor_cores(model, misaligned, false));
+}
+
+// The same inputs on Tensor Cores give the same bits at every launch.
+TEST(FusedGpu, Conv2OnTensorCoresGivesTheSameBitsAtEveryLaunch) {
+  MF_SKIP_WITHOUT_GPU();
+  const FusedConvSizes g{9, 13, 13, 32, 64};
+  for (bool half : {false, true}) {
+    SCOPED_TRACE(half ? "f16" : "f32");
+    Rng rng(25);
+    const ConvInput d = conv_input(g, false, half, rng);
+    Tensor w = testing::uniform({g.filters, 3, 3, g.c}, -0.5f, 0.5f, rng);
+    Tensor b = testing::uniform({g.filters}, -0.3f, 0.3f, rng);
+    Tensor dpool = testing::uniform({g.n, 5, 5, g.filters}, -1, 1, rng);
+    if (half) {
+      for (Tensor* t : {&w, &b, &dpool}) testing::round_to_half(*t);
+    }
+    const ConvRun a = run_conv(g, d, w, b, dpool, half, true), c = run_conv(g, d, w, b, dpool, half, true);
+    EXPECT_EQ(a.pooled.to_vector(), c.pooled.to_vector());
+    EXPECT_EQ(a.winners, c.winners);
   }
 }
 
@@ -475,7 +521,7 @@ TEST(FusedGpu, WeightGradientSumsOfBothLayersInOneLaunch) {
 TEST(FusedGpu, ConvolutionTooSmallIsRefused) {
   MF_SKIP_WITHOUT_GPU();
   try {
-    launch_fused_conv_forward({1, 3, 5, 1, 4}, nullptr, nullptr, nullptr, nullptr, nullptr, false, compute_stream());
+    launch_fused_conv_forward({1, 3, 5, 1, 4}, nullptr, nullptr, nullptr, nullptr, nullptr, false, false, compute_stream());
     FAIL() << "a 3x5 input was convolved";
   } catch (const std::invalid_argument& e) {
     EXPECT_NE(std::string(e.what()).find("3x5x1 leave no 2x2 pooling window"), std::string::npos) << e.what();
