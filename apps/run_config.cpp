@@ -85,6 +85,10 @@ void define_flags(Flags& flags, Options& o) {
   flags.add_bool("deterministic", &o.deterministic,
                  "GPU: only cuDNN algorithms that give the same bits at every run (two runs with one seed on one "
                  "card then print the same losses); may be slower. The CPU path always is");
+  flags.add_bool("no-tf32", &o.no_tf32,
+                 "GPU: no TF32 (exact FP32 products: cuDNN's FMA math, cuBLAS's pedantic mode), and the fused rung's "
+                 "conv2 on CUDA cores instead of Tensor Cores, in FP16 too; by default FP32 convolutions may use TF32, "
+                 "as PyTorch's do");
   flags.add_bool("verbose", &o.verbose, "after each epoch, print the kernels each layer ran (CPU) or its GPU algorithms and memory use");
   flags.add_bool("quiet", &o.quiet, "no live progress bar: each epoch's lines are printed when it ends");
   flags.add_string("save", &o.save,
@@ -191,6 +195,7 @@ mf::KernelOptions kernel_options(const Options& o, mf::Device device) {
   k.find = o.conv_algo == "find";
   k.workspace_limit = static_cast<std::size_t>(o.workspace_mb) << 20;
   k.deterministic = o.deterministic;
+  k.fma_math_only = o.no_tf32;
   if (o.dense_grad) k.cpu_sparse_below = 0.0;
   return k;
 }
@@ -257,7 +262,7 @@ void note_ignored_flags(const Options& o, const Flags& flags, mf::Device device)
   if (device == Device::kCpu) {
     std::vector<std::string> ignored;
     for (const char* f :
-         {"gpu", "gpu-memory-limit", "pipeline", "no-graph", "conv-algo", "workspace-mb", "deterministic"})
+         {"gpu", "gpu-memory-limit", "pipeline", "no-graph", "conv-algo", "workspace-mb", "deterministic", "no-tf32"})
       if (flags.given(f) && !(std::string(f) == "pipeline" && o.pipeline == "auto")) ignored.push_back(f);
     std::string list;
     for (std::size_t i = 0; i < ignored.size(); ++i)

@@ -29,8 +29,8 @@ struct Options {
   std::int64_t epochs = 5, batch_size = 64, seed = 0, threads = 0, gpu = 0, gpu_memory_limit_mb = 0,
                workspace_mb = 64, limit_train = 0;
   double lr = 1e-3, momentum = 0.0, validation_split = 0.2, min_accuracy = 0.0;
-  bool fp16 = false, no_graph = false, deterministic = false, dense_grad = false, verbose = false, quiet = false,
-       overwrite = false;
+  bool fp16 = false, no_graph = false, deterministic = false, no_tf32 = false, dense_grad = false, verbose = false,
+       quiet = false, overwrite = false;
 };
 
 

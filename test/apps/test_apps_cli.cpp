@@ -737,6 +737,7 @@ TEST(TrainMnistCli, GpuOnlyFlagsOnTheCpuAreNamed) {
       {"--conv-algo heuristic", "--conv-algo applies"},
       {"--gpu 1 --workspace-mb 8 --conv-algo find", "--gpu, --conv-algo and --workspace-mb apply"},
       {"--no-graph --gpu-memory-limit 100 --pipeline naive", "--gpu-memory-limit, --pipeline and --no-graph apply"},
+      {"--no-tf32", "--no-tf32 applies"},
       {"--pipeline auto", nullptr}};  // what the CPU does anyway
   for (const auto& [flags, note] : cases) {
     SCOPED_TRACE(flags);
