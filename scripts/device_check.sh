@@ -16,7 +16,8 @@
 #      the fused rung (--kernels fused) at batch 64 in both precisions, and two
 #      --deterministic runs that must give identical losses.
 #   4. timing runs of 3 epochs: graph vs eager, the three pipelines, the cuDNN heuristic,
-#      the memory cap and the out-of-memory refusal, the fused rung at batch 1024; then the
+#      the memory cap and the out-of-memory refusal, the fused rung at batch 1024 and with
+#      --no-tf32 (conv2 on CUDA cores) at batch 64; then the
 #      PyTorch anchor, for the ratio.
 #   5. the GPU test binaries; a binary that fails has at most 3 of its failed tests rerun
 #      alone (a CUDA error poisons the rest of a process), none after a timeout.
@@ -246,6 +247,9 @@ train heuristic_fp32_b64 40 --epochs 3 --conv-algo heuristic
 train limit_fp32_b1024 30 --epochs 1 --batch-size 1024 --gpu-memory-limit 1024
 train fused_fp32_b1024 30 --epochs 3 --kernels fused --batch-size 1024
 train fused_fp16_b1024 30 --epochs 3 --kernels fused --batch-size 1024 --fp16
+# The fused rung's conv2 on CUDA cores (--no-tf32) instead of Tensor Cores: its cost in time
+# and whether TF32 changes the accuracy.
+train fused_notf32_fp32_b64 40 --epochs 3 --kernels fused --no-tf32
 # Must fail: one line naming the out-of-memory error, exit 1.
 check oom_fp32_b65536 30 "$kit/train_mnist" --device gpu --quiet --data "$data" --epochs 1 --batch-size 65536 \
   --gpu-memory-limit 256
