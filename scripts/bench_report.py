@@ -343,8 +343,11 @@ def ladder_section(res, md):
 
 
 # bench_fused's launches and the rows of scripts/fused_model.py they cover.
-FUSED_KERNELS = [("conv1_fwd", ("1 ",)), ("conv2_fwd", ("2 ",)), ("head", ("3a ", "3b ")), ("conv2_dgrad", ("4 ",)),
-                 ("conv2_wgrad", ("5 ",)), ("conv2_bwd", ("4 ", "5 ")), ("conv1_wgrad", ("6 ",)), ("wgrad_sums", ("7 ",))]
+# (bench_fused's launch, the model's rows it covers, whether the model's rows are the Tensor
+# Core ones: conv2_fwd is the CUDA-core forward that --no-tf32 runs)
+FUSED_KERNELS = [("conv1_fwd", ("1 ",), True), ("conv2_fwd", ("2 ",), False), ("conv2_fwd_tc", ("2 ",), True),
+                 ("head", ("3a ", "3b "), True), ("conv2_dgrad", ("4 ",), True), ("conv2_wgrad", ("5 ",), True),
+                 ("conv2_bwd", ("4 ", "5 "), True), ("conv1_wgrad", ("6 ",), True), ("wgrad_sums", ("7 ",), True)]
 
 
 def fused_section(res, md):
@@ -358,15 +361,16 @@ def fused_section(res, md):
     md.append("## The fused step, launch by launch: measured against the model\n")
     md.append("`bench_fused`: each launch of `--kernels fused`'s step on its own, 20 back to back, CUDA-event "
               "time per launch (no graph). *Predicted*: `scripts/fused_model.py` for the kernels as written "
-              "(the forward tiled, conv2's gradients over the pooling winners' taps, conv1's weight gradient one "
-              "thread per parameter), its graph-node costs left out.\n")
+              "(the forward tiled, conv2's on Tensor Cores in `conv2_fwd_tc` and on CUDA cores in `conv2_fwd`, "
+              "conv2's gradients over the pooling winners' taps, conv1's weight gradient one thread per "
+              "parameter), its graph-node costs left out.\n")
     rows = []
     for batch in LADDER_BATCHES:
         for dev, act in (("gpu_fp32", 4), ("gpu_fp16", 2)):
-            model_rows, _, _ = fused_model.as_written(batch, act)
-            for kernel, prefixes in FUSED_KERNELS:
+            model_rows = {tc: fused_model.as_written(batch, act, tc)[0] for tc in (True, False)}
+            for kernel, prefixes, tc in FUSED_KERNELS:
                 r = res.find("fused", kernel=kernel, dev=dev, batch=batch)
-                predicted = sum(t for name, _, _, t, _ in model_rows if name.startswith(prefixes))
+                predicted = sum(t for name, _, _, t, _ in model_rows[tc] if name.startswith(prefixes))
                 measured = secs(r) * 1e6 if r else None
                 rows.append([kernel, dev, batch, f"{measured:.1f} µs" if measured is not None else "-",
                              f"{predicted:.1f} µs", fmt_x(ratio(measured, predicted)) if measured else "-"])
