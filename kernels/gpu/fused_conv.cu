@@ -96,15 +96,7 @@ __global__ void conv_pool_forward_kernel(FusedConvSizes g, In in, const T* __res
       }
     }
     if (!active) continue;
-    float best = 0.0f;
-    int arg = 0;
-    for (int q = 0; q < 4; ++q) {
-      const float v = to_f32(from_f32<T>(z[q] < 0.0f ? 0.0f : z[q]));  // ReLU; NaN passes
-      if (q == 0 || v > best || (v != v && best == best)) best = v, arg = q;
-    }
-    const i64 o = (s * positions + pos) * g.filters + f;
-    pooled[o] = from_f32<T>(best);
-    winners[o] = static_cast<std::uint8_t>(arg);
+    pool_window(z, pooled, winners, (s * positions + pos) * g.filters + f);
   }
 }
 
@@ -144,15 +136,11 @@ void launch_fused_conv1_forward(const FusedConvSizes& g, const FusedBatch& batch
   else forward<float>(g, pixels(g, batch, labels_out), w, b, pooled, winners, stream);
 }
 
-bool fused_conv_takes_tensor_cores(const FusedConvSizes& g, const void* w, bool half) {
-  return tensor_cores_fit(g, w, half);
-}
-
 void launch_fused_conv_forward(const FusedConvSizes& g, const void* x, const void* w, const void* b, void* pooled,
                                std::uint8_t* winners, bool half, bool tensor_cores, GpuStream stream) {
   check_sizes(g);
   if (g.n == 0) return;
-  if (tensor_cores && tensor_cores_fit(g, w, half)) return conv_forward_tensor_cores(g, x, w, b, pooled, winners, half, stream);
+  if (tensor_cores && fused_conv_takes_tensor_cores(g, w, half)) return conv_forward_tensor_cores(g, x, w, b, pooled, winners, half, stream);
   if (half) forward<__half>(g, activations<__half>(g, x), w, b, pooled, winners, stream);
   else forward<float>(g, activations<float>(g, x), w, b, pooled, winners, stream);
 }

@@ -68,6 +68,22 @@ __device__ __forceinline__ float pooled_grad(const T* dpool, const T* pooled, i6
   return to_f32(pooled[o]) > 0.0f ? to_f32(dpool[o]) : 0.0f;
 }
 
+// A pooling window's four convolution outputs z[q] (bias added) through ReLU and 2x2 max
+// pooling, as both forward kernels store them: each rounded to the storage type before the
+// comparison, the first of equal values winning, the first NaN over any number. Writes the
+// pooled value and the winning position q (one byte) to pooled[o] and winners[o].
+template <class T>
+__device__ __forceinline__ void pool_window(const float z[4], T* pooled, std::uint8_t* winners, i64 o) {
+  float best = 0.0f;
+  int arg = 0;
+  for (int q = 0; q < 4; ++q) {
+    const float v = to_f32(from_f32<T>(z[q] < 0.0f ? 0.0f : z[q]));  // ReLU; NaN passes
+    if (q == 0 || v > best || (v != v && best == best)) best = v, arg = q;
+  }
+  pooled[o] = from_f32<T>(best);
+  winners[o] = static_cast<std::uint8_t>(arg);
+}
+
 inline i64 filter_tiles(const FusedConvSizes& g) { return (g.filters + kLanes - 1) / kLanes; }
 
 inline void check_sizes(const FusedConvSizes& g) {
@@ -93,10 +109,8 @@ inline DatasetPixels pixels(const FusedConvSizes& g, const FusedBatch& batch, st
   return DatasetPixels{batch.images, batch.labels, batch.perm, batch.offset, labels_out, g.h * g.w * g.c};
 }
 
-// The second convolution's forward on Tensor Cores (fused_conv_tc.cu): whether it takes
-// g's sizes and weights w (channels a multiple of its k step, filters of 32, w 32-byte
-// aligned for the warp matrix loads), and the launch.
-bool tensor_cores_fit(const FusedConvSizes& g, const void* w, bool half);
+// The second convolution's forward on Tensor Cores (fused_conv_tc.cu), for the sizes and
+// weights fused_conv_takes_tensor_cores() (fused.h) accepts.
 void conv_forward_tensor_cores(const FusedConvSizes& g, const void* x, const void* w, const void* b, void* pooled,
                                std::uint8_t* winners, bool half, cudaStream_t stream);
 

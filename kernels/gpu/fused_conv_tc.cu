@@ -80,7 +80,7 @@ struct alignas(32) WarpTiles {
 
 // Grid: one warp per (tile of 16 rows, group of 32 filters), the groups of one tile in one
 // block where they fit, so that they read the same inputs. Needs c a multiple of the k step
-// and filters a multiple of 32 (tensor_cores_fit).
+// and filters a multiple of 32 (fused_conv_takes_tensor_cores).
 template <class T>
 __global__ void conv_pool_forward_tc_kernel(FusedConvSizes g, const T* __restrict__ x, const T* __restrict__ w,
                                             const T* __restrict__ b, T* pooled, std::uint8_t* winners) {
@@ -145,25 +145,23 @@ __global__ void conv_pool_forward_tc_kernel(FusedConvSizes g, const T* __restric
     for (int wl = lane / kTileFilters; wl < kWindows; wl += kLanes / kTileFilters) {
       const i64 win = tile * kWindows + wl;
       if (win >= windows) continue;
-      float best = 0.0f;
-      int arg = 0;
-      for (int q = 0; q < 4; ++q) {
-        const float z = sm.out[j][wl * 4 + q][fl] + bias;
-        const float v = to_f32(from_f32<T>(z < 0.0f ? 0.0f : z));  // ReLU; NaN passes
-        if (q == 0 || v > best || (v != v && best == best)) best = v, arg = q;
-      }
-      pooled[win * g.filters + f] = from_f32<T>(best);
-      winners[win * g.filters + f] = static_cast<std::uint8_t>(arg);
+      float z[4];
+      for (int q = 0; q < 4; ++q) z[q] = sm.out[j][wl * 4 + q][fl] + bias;
+      pool_window(z, pooled, winners, win * g.filters + f);
     }
   }
+}
+
+// The kernel's blocks: a warp per (tile of 16 rows, group of 32 filters), kTcWarps a block.
+i64 tc_blocks(const FusedConvSizes& g) {
+  const i64 warps = (g.n * pooled_h(g) * pooled_w(g) + kWindows - 1) / kWindows * (g.filters / kWarpFilters);
+  return (warps + kTcWarps - 1) / kTcWarps;
 }
 
 template <class T>
 void forward_tc(const FusedConvSizes& g, const void* x, const void* w, const void* b, void* pooled,
                 std::uint8_t* winners, cudaStream_t st) {
-  const i64 windows = g.n * pooled_h(g) * pooled_w(g);
-  const i64 warps = (windows + kWindows - 1) / kWindows * (g.filters / kWarpFilters);
-  const dim3 grid(static_cast<unsigned>((warps + kTcWarps - 1) / kTcWarps));
+  const dim3 grid(static_cast<unsigned>(tc_blocks(g)));
   conv_pool_forward_tc_kernel<T><<<grid, kTcThreads, 0, st>>>(
       g, static_cast<const T*>(x), static_cast<const T*>(w), static_cast<const T*>(b), static_cast<T*>(pooled),
       winners);
@@ -172,14 +170,13 @@ void forward_tc(const FusedConvSizes& g, const void* x, const void* w, const voi
 
 }  // namespace
 
-namespace fused_detail {
-
-bool tensor_cores_fit(const FusedConvSizes& g, const void* w, bool half) {
+bool fused_conv_takes_tensor_cores(const FusedConvSizes& g, const void* w, bool half) {
   const i64 step = half ? Mma<__half>::kStep : Mma<float>::kStep;
-  const i64 warps = (g.n * pooled_h(g) * pooled_w(g) + kWindows - 1) / kWindows * (g.filters / kWarpFilters);
   return g.c % step == 0 && g.filters % kWarpFilters == 0 && reinterpret_cast<std::uintptr_t>(w) % 32 == 0 &&
-         (warps + kTcWarps - 1) / kTcWarps <= 2147483647;
+         tc_blocks(g) <= 2147483647;
 }
+
+namespace fused_detail {
 
 void conv_forward_tensor_cores(const FusedConvSizes& g, const void* x, const void* w, const void* b, void* pooled,
                                std::uint8_t* winners, bool half, cudaStream_t stream) {
