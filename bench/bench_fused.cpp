@@ -3,14 +3,11 @@
 // column beside scripts/fused_model.py's predicted one (docs/fused_step.md).
 // Names: "fused/kernel:<k>/dev:<gpu_fp32|gpu_fp16>/batch:<n>", k one of
 //   conv1_fwd    kernel 1: the batch from the u8 data set + conv1 + bias + ReLU + pool
-//   conv2_fwd    kernel 2: conv2 + bias + ReLU + pool, on CUDA cores (--no-tf32)
-//   conv2_fwd_tc kernel 2 on Tensor Cores, as the step runs it
+//   conv2_fwd    kernel 2: conv2 + bias + ReLU + pool
 //   head         kernels 3a and 3b: the head forward and backward, its weight gradients
 //   conv2_dgrad  kernel 4: conv2's data gradient over the pooling winners, launched alone
-//   conv2_dgrad_tc kernel 4 on Tensor Cores, alone
 //   conv2_wgrad  kernel 5: conv2's weight and bias gradients, partial sums per 4 images, alone
-//   conv2_bwd    kernels 4 and 5 in one launch, on CUDA cores (--no-tf32)
-//   conv2_bwd_tc kernels 4 and 5 in one launch, 4 on Tensor Cores, as the step runs them
+//   conv2_bwd    kernels 4 and 5 in the one launch the step runs
 //   conv1_wgrad  kernel 6: conv1's
 //   wgrad_sums   kernel 7: both layers' partial sums added up (and the batch cursor moved)
 // Each is enqueued kInner times back to back on the compute stream, with the buffers a step
@@ -90,13 +87,7 @@ class FusedLaunches {
                              grad(6, 0), grad(6, 1), stats_.data<float>(), half_, s_);
          }},
         {"conv2_dgrad",
-         [=] {
-           launch_fused_conv_dgrad(g2_, dpool2_.raw(), pooled2_.raw(), w2, w(2, 0), dpool1_.raw(), half_, false, s_);
-         }},
-        {"conv2_dgrad_tc",
-         [=] {
-           launch_fused_conv_dgrad(g2_, dpool2_.raw(), pooled2_.raw(), w2, w(2, 0), dpool1_.raw(), half_, true, s_);
-         }},
+         [=] { launch_fused_conv_dgrad(g2_, dpool2_.raw(), pooled2_.raw(), w2, w(2, 0), dpool1_.raw(), half_, s_); }},
         {"conv2_wgrad",
          [=] {
            launch_fused_conv_wgrad_partials(g2_, pooled1_.raw(), dpool2_.raw(), pooled2_.raw(), w2,
@@ -105,13 +96,7 @@ class FusedLaunches {
         {"conv2_bwd",
          [=] {
            launch_fused_conv_backward(g2_, pooled1_.raw(), dpool2_.raw(), pooled2_.raw(), w2, w(2, 0), dpool1_.raw(),
-                                      static_cast<float*>(scratch2_.raw()), half_, false, s_);
-         }},
-        // What the step runs unless exact FP32 is asked for.
-        {"conv2_bwd_tc",
-         [=] {
-           launch_fused_conv_backward(g2_, pooled1_.raw(), dpool2_.raw(), pooled2_.raw(), w2, w(2, 0), dpool1_.raw(),
-                                      static_cast<float*>(scratch2_.raw()), half_, true, s_);
+                                      static_cast<float*>(scratch2_.raw()), half_, s_);
          }},
         {"conv1_wgrad",
          [=] {

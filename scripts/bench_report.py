@@ -344,11 +344,10 @@ def ladder_section(res, md):
 
 # bench_fused's launches and the rows of scripts/fused_model.py they cover.
 # (bench_fused's launch, the model's rows it covers, whether the model's rows are the Tensor
-# Core ones: conv2_fwd, conv2_dgrad and conv2_bwd are the CUDA-core kernels --no-tf32 runs)
+# Core ones: conv2_fwd is the CUDA-core forward that --no-tf32 runs)
 FUSED_KERNELS = [("conv1_fwd", ("1 ",), True), ("conv2_fwd", ("2 ",), False), ("conv2_fwd_tc", ("2 ",), True),
-                 ("head", ("3a ", "3b "), True), ("conv2_dgrad", ("4 ",), False), ("conv2_dgrad_tc", ("4 ",), True),
-                 ("conv2_wgrad", ("5 ",), True), ("conv2_bwd", ("4 ", "5 "), False), ("conv2_bwd_tc", ("4 ", "5 "), True),
-                 ("conv1_wgrad", ("6 ",), True), ("wgrad_sums", ("7 ",), True)]
+                 ("head", ("3a ", "3b "), True), ("conv2_dgrad", ("4 ",), True), ("conv2_wgrad", ("5 ",), True),
+                 ("conv2_bwd", ("4 ", "5 "), True), ("conv1_wgrad", ("6 ",), True), ("wgrad_sums", ("7 ",), True)]
 
 
 def fused_section(res, md):
@@ -362,9 +361,9 @@ def fused_section(res, md):
     md.append("## The fused step, launch by launch: measured against the model\n")
     md.append("`bench_fused`: each launch of `--kernels fused`'s step on its own, 20 back to back, CUDA-event "
               "time per launch (no graph). *Predicted*: `scripts/fused_model.py` for the kernels as written "
-              "(the forward tiled; conv2's forward and data gradient on Tensor Cores in the `_tc` launches, "
-              "dense, and on CUDA cores in the others, over the pooling winners' taps as its weight gradient; "
-              "conv1's weight gradient one thread per parameter), its graph-node costs left out.\n")
+              "(the forward tiled, conv2's on Tensor Cores in `conv2_fwd_tc` and on CUDA cores in `conv2_fwd`, "
+              "conv2's gradients over the pooling winners' taps, conv1's weight gradient one thread per "
+              "parameter), its graph-node costs left out.\n")
     rows = []
     for batch in LADDER_BATCHES:
         for dev, act in (("gpu_fp32", 4), ("gpu_fp16", 2)):

@@ -29,10 +29,9 @@ GATHER_EFFICIENCY = 0.05    # ASSUMED: conv2's data gradient as written does onl
                             # weights' addresses): 5 % of the FP32 rate for those FLOPs
 TAPS_EFFICIENCY = 0.25      # ASSUMED: conv2's weight gradient as written: the nonzero taps only too,
                             # nine FMAs for each gradient and winner read (~4 instructions a FMA)
-WMMA_EFFICIENCY = 0.1       # ASSUMED: conv2's forward and data gradient as written on Tensor Cores
-                            # (fused_conv_tc.cu, fused_dgrad_tc.cuh): wmma fed from a per-warp stage
-                            # in shared memory, one stage in flight, the weights' fragments from
-                            # L1/L2: a tenth of the dense rate
+WMMA_EFFICIENCY = 0.1       # ASSUMED: conv2's forward as written on Tensor Cores (fused_conv_tc.cu):
+                            # wmma fed from a per-warp stage in shared memory, one stage in flight,
+                            # the weights' fragments from L1/L2: a tenth of the dense rate
 NODE_US = 1.1               # graph node, measured
 REPLAY_US = 9.0             # one graph replay, measured
 FLOOR_US = 2.5              # ASSUMED: the shortest a kernel of this step takes (launch to finish)
@@ -44,19 +43,17 @@ EPOCH_IMAGES = 48000
 X = 28 * 28                 # input pixels (u8 in the resident data set)
 P1 = 13 * 13 * 32           # conv1 after pooling
 P2 = 5 * 5 * 64             # conv2 after pooling
-MAC = {"conv1": 26 * 26 * 32 * 9, "conv2": 11 * 11 * 64 * 288, "dense": 1600 * 64, "dense_1": 64 * 10,
-       # conv2's data gradient on Tensor Cores, dense: 10 tiles of 16 outputs x 64 filters x 9 taps x 32 channels
-       "conv2_dx_tc": 10 * 16 * 64 * 288}
+MAC = {"conv1": 26 * 26 * 32 * 9, "conv2": 11 * 11 * 64 * 288, "dense": 1600 * 64, "dense_1": 64 * 10}
 PARAMS = 320 + 18496 + 102464 + 650
 
 
 def kernels(batch, act_bytes, conv2_rate, sparse, forward_rate=None, dgrad_rate=None, wgrad_rate=None,
-            tc_rate=None):
+            conv2_forward_rate=None):
     """(name, bytes, FLOPs, rate) of each kernel of one step. act_bytes: 4 (FP32) or 2 (FP16);
-    conv2_rate: the convolutions' rate, forward_rate the forward kernels' (1, 2) when it differs;
-    dgrad_rate and wgrad_rate, when given, the rates of conv2's data gradient (4) and weight
-    gradient (5) over their nonzero taps only; tc_rate, when given, the rate of conv2's forward
-    (2) and data gradient (4) on Tensor Cores, the latter dense (its zeros multiplied too)."""
+    conv2_rate: the convolutions' rate, forward_rate the forward kernels' (1, 2) when it differs,
+    conv2_forward_rate conv2's forward's (2) when it differs again (Tensor Cores); dgrad_rate
+    and wgrad_rate, when given, the rates of conv2's data gradient (4) and weight gradient (5)
+    over their nonzero taps only."""
     a, n = act_bytes, batch
     fwd = forward_rate or conv2_rate
     f = lambda mac: 2.0 * mac * n  # noqa: E731  FLOPs of `mac` multiply-adds per image
@@ -67,12 +64,11 @@ def kernels(batch, act_bytes, conv2_rate, sparse, forward_rate=None, dgrad_rate=
     rows = [
         ("1 gather + conv1 + bias + ReLU + pool", n * (X + P1 * a + P1), f(MAC["conv1"]), fwd),
         ("2 conv2 + bias + ReLU + pool", n * (P1 * a + P2 * a + P2) + 18496 * a, f(MAC["conv2"]),
-         tc_rate or fwd),
+         conv2_forward_rate or fwd),
         ("3a head, per sample", n * 2 * P2 * a + 102464 * a, 2 * f(MAC["dense"] + MAC["dense_1"]), cuda),
         ("3b head, weight gradients", n * (P2 * a + 2 * 64 * a) + 102464 * 2 * w, f(MAC["dense"] + MAC["dense_1"]), cuda),
         ("4 pool2 bwd + mask + conv2 dx", n * (P2 * a + P2 + P2 * a + P1 * a) + 18496 * a,
-         f(MAC["conv2_dx_tc"]) if tc_rate else (NONZERO if dgrad_rate else k) * f(MAC["conv2"]),
-         tc_rate or dgrad_rate or (conv2_rate if not sparse else cuda)),
+         (NONZERO if dgrad_rate else k) * f(MAC["conv2"]), dgrad_rate or (conv2_rate if not sparse else cuda)),
         ("5 conv2 dW + db, partial sums (in 4's launch)", n * (P1 * a + P2 * a + P2) + chunks * 18496 * w,
          (NONZERO if wgrad_rate else k) * f(MAC["conv2"]), wgrad_rate or (conv2_rate if not sparse else cuda)),
         ("6 pool1 bwd + mask + conv1 dW + db, partial sums", n * (P1 * a + P1 + X) + chunks * 320 * w, f(MAC["conv1"]),
@@ -93,12 +89,12 @@ def rides_along(name):
 
 
 def predict(batch, act_bytes, conv2_rate, sparse, forward_rate=None, dgrad_rate=None, wgrad_rate=None,
-            tc_rate=None):
+            conv2_forward_rate=None):
     """(rows, µs a step, ms an epoch); a row is (name, MB, MFLOP, µs, what bounds it). A kernel
     that rides in the one before's launch ("in 4's launch") adds its time, not a floor or a node."""
     rows, total = [], 0.0
     for name, bytes_, flops, rate in kernels(batch, act_bytes, conv2_rate, sparse, forward_rate, dgrad_rate,
-                                             wgrad_rate, tc_rate):
+                                             wgrad_rate, conv2_forward_rate):
         shared = rides_along(name)
         floor = 0.0 if shared else FLOOR_US
         t = max(floor, bytes_ / BANDWIDTH * 1e6, flops / rate * 1e6)
@@ -112,30 +108,29 @@ def predict(batch, act_bytes, conv2_rate, sparse, forward_rate=None, dgrad_rate=
 
 def as_written(batch, act_bytes, tensor_cores=True):
     """The kernels as the fused step runs them: the forward tiled (a warp per pooled position,
-    the weights in shared memory: the tuned rate), conv2's forward and data gradient on Tensor
-    Cores (TF32 in FP32, half in FP16, at WMMA_EFFICIENCY) unless tensor_cores is False
-    (train_mnist --no-tf32: CUDA cores, the data gradient over the pooling winners' nonzero
-    taps only, GATHER_EFFICIENCY), conv2's weight gradient over those taps (TAPS_EFFICIENCY),
-    conv1's weight gradient one thread per parameter."""
+    the weights in shared memory: the tuned rate), conv2's forward on Tensor Cores (TF32 in
+    FP32, half in FP16, at WMMA_EFFICIENCY) unless tensor_cores is False (train_mnist
+    --no-tf32: CUDA cores), conv2's gradients over the pooling winners' nonzero taps only
+    (GATHER_EFFICIENCY, TAPS_EFFICIENCY), conv1's weight gradient one thread per parameter."""
     variant = AS_WRITTEN[act_bytes] if tensor_cores else AS_WRITTEN_CUDA_CORES[act_bytes]
     return predict(batch, act_bytes, *variant[2:])
 
 
 # (title, activation bytes, the convolutions' rate, sparse gradients, the forward's rate if
-# other, conv2's data and weight gradients' rates over their nonzero taps if other, the
-# rate of conv2's forward and dense data gradient on Tensor Cores if they run there)
+# other, conv2's data and weight gradients' rates over their nonzero taps if other, conv2's
+# forward's rate if other again)
 PLAIN, TUNED = FP32_RATE * PLAIN_EFFICIENCY, FP32_RATE * EFFICIENCY
 GATHER, TAPS = FP32_RATE * GATHER_EFFICIENCY, FP32_RATE * TAPS_EFFICIENCY
 AS_WRITTEN = {
-    4: ("FP32, as written: conv2's forward and data gradient on TF32 Tensor Cores", 4, PLAIN,
+    4: ("FP32, as written: conv2's forward on TF32 Tensor Cores, its gradients over the winners' taps", 4, PLAIN,
         False, TUNED, GATHER, TAPS, TF32_RATE * WMMA_EFFICIENCY),
-    2: ("FP16, as written: conv2's forward and data gradient on half Tensor Cores", 2, PLAIN, False, TUNED, GATHER, TAPS,
+    2: ("FP16, as written: conv2's forward on half Tensor Cores", 2, PLAIN, False, TUNED, GATHER, TAPS,
         FP16_RATE * WMMA_EFFICIENCY),
 }
 AS_WRITTEN_CUDA_CORES = {
-    4: ("FP32 with --no-tf32, as written: conv2 on CUDA cores", 4, PLAIN, False, TUNED, GATHER, TAPS,
+    4: ("FP32 with --no-tf32, as written: conv2's forward tiled on CUDA cores", 4, PLAIN, False, TUNED, GATHER, TAPS,
         None),
-    2: ("FP16 with --no-tf32, as written: conv2 on CUDA cores", 2, PLAIN, False, TUNED, GATHER, TAPS,
+    2: ("FP16 with --no-tf32, as written: conv2's forward tiled on CUDA cores", 2, PLAIN, False, TUNED, GATHER, TAPS,
         None),
 }
 VARIANTS = [

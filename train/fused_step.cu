@@ -96,9 +96,8 @@ void FusedStep::enqueue(GpuTrainer& t, Layers& layers, Optimizer& opt, std::int6
   // Forward: the two convolutions, each with its bias, ReLU and pooling.
   launch_fused_conv1_forward(g1, batch, weights(layers, 0, 0, half), weights(layers, 0, 1, half), pooled1_.raw(),
                              win1, labels, half, s);
-  // Conv2's products, forward and data gradient, on Tensor Cores (TF32 in FP32) unless the
-  // model asks for exact FP32 arithmetic (KernelOptions::fma_math_only, as the library
-  // rung's cuDNN math mode).
+  // Conv2's products on Tensor Cores (TF32 in FP32) unless the model asks for exact FP32
+  // arithmetic (KernelOptions::fma_math_only, as the library rung's cuDNN math mode).
   const bool tensor_cores = !conv_at(layers, 2).kernel_options().fma_math_only;
   launch_fused_conv_forward(g2, pooled1_.raw(), weights(layers, 2, 0, half), weights(layers, 2, 1, half),
                             pooled2_.raw(), win2, half, tensor_cores, s);
@@ -115,7 +114,7 @@ void FusedStep::enqueue(GpuTrainer& t, Layers& layers, Optimizer& opt, std::int6
   auto* scratch2 = static_cast<float*>(conv2_scratch_.raw());
   auto* scratch1 = static_cast<float*>(conv1_scratch_.raw());
   launch_fused_conv_backward(g2, pooled1_.raw(), dpool2_.raw(), pooled2_.raw(), win2, weights(layers, 2, 0, half),
-                             dpool1_.raw(), scratch2, half, tensor_cores, s);
+                             dpool1_.raw(), scratch2, half, s);
   launch_fused_conv1_wgrad_partials(g1, batch, dpool1_.raw(), pooled1_.raw(), win1, scratch1, half, s);
   const FusedWgradSum sums[] = {{g2, scratch2, grad(layers, 2, 0), grad(layers, 2, 1)},
                                 {g1, scratch1, grad(layers, 0, 0), grad(layers, 0, 1)}};

@@ -95,21 +95,14 @@ void launch_fused_conv_forward(const FusedConvSizes& g, const void* x, const voi
 void launch_fused_conv_wgrad_partials(const FusedConvSizes& g, const void* x, const void* dpool, const void* pooled,
                                       const std::uint8_t* winners, float* scratch, bool half, GpuStream stream);
 // Its data gradient: dx (n, h, w, c) = the gradient at each input, through the pooling,
-// ReLU and the kernel. Overwrites dx. With tensor_cores and where
-// fused_conv_dgrad_takes_tensor_cores(), as an implicit GEMM on Tensor Cores (TF32 in f32,
-// half in f16, f32 sums; fused_dgrad_tc.cuh): c a multiple of 16, filters a multiple of
-// the k step (8, 16 in f16) and at most 64, the pooled outputs at most 8 x 8, w 32-byte
-// aligned; else on CUDA cores in exact f32 arithmetic, visiting only the outputs that won
-// their window.
-bool fused_conv_dgrad_takes_tensor_cores(const FusedConvSizes& g, const void* w, bool half);
+// ReLU and the kernel, visiting only the outputs that won their window. Overwrites dx.
 void launch_fused_conv_dgrad(const FusedConvSizes& g, const void* dpool, const void* pooled,
-                             const std::uint8_t* winners, const void* w, void* dx, bool half, bool tensor_cores,
-                             GpuStream stream);
+                             const std::uint8_t* winners, const void* w, void* dx, bool half, GpuStream stream);
 // Both in one launch (what the step runs): dx as launch_fused_conv_dgrad, the weight
 // gradient's partial sums into scratch as launch_fused_conv_wgrad_partials, the same bits.
 void launch_fused_conv_backward(const FusedConvSizes& g, const void* x, const void* dpool, const void* pooled,
                                 const std::uint8_t* winners, const void* w, void* dx, float* scratch, bool half,
-                                bool tensor_cores, GpuStream stream);
+                                GpuStream stream);
 
 // The weight gradients' second pass, for `count` (0 to kMaxWgradSums) convolutions in one
 // launch: layer l's partial sums (its scratch, written by its wgrad_partials launch) added

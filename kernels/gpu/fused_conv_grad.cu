@@ -11,7 +11,6 @@
 
 #include "kernels/gpu/fused.h"
 #include "kernels/gpu/fused_conv_common.cuh"
-#include "kernels/gpu/fused_dgrad_tc.cuh"
 #include "runtime/cuda_check.h"
 #include "runtime/kernel_util.cuh"
 
@@ -214,25 +213,6 @@ __global__ void conv_backward_kernel(FusedConvSizes g, Activations<T> in, const 
   else wgrad_taps<T>(g, in, dpool, pooled, winners, partials, block - dgrad_blocks, gridDim.x - dgrad_blocks);
 }
 
-// The same two on Tensor Cores (fused_dgrad_tc.cuh): the first dgrad_tc_blocks(g) blocks,
-// kDgradThreads threads each, compute dx there; the others the partial sums as above.
-template <class T>
-__global__ void conv_dgrad_tc_kernel(FusedConvSizes g, const T* __restrict__ dpool, const T* __restrict__ pooled,
-                                     const std::uint8_t* __restrict__ winners, const T* __restrict__ w, T* dx) {
-  __shared__ DgradTiles<T> sm;
-  data_grad_tc<T>(g, dpool, pooled, winners, w, dx, blockIdx.x, sm);
-}
-template <class T>
-__global__ void conv_backward_tc_kernel(FusedConvSizes g, Activations<T> in, const T* __restrict__ dpool,
-                                        const T* __restrict__ pooled, const std::uint8_t* __restrict__ winners,
-                                        const T* __restrict__ w, T* dx, float* partials, i64 dgrad_blocks) {
-  __shared__ DgradTiles<T> sm;
-  __syncthreads();  // no effect; every block meets a barrier, as the CPU emulation asks (cuda_emulator.h)
-  const i64 block = blockIdx.x;
-  if (block < dgrad_blocks) data_grad_tc<T>(g, dpool, pooled, winners, w, dx, block, sm);
-  else wgrad_taps<T>(g, in, dpool, pooled, winners, partials, block - dgrad_blocks, gridDim.x - dgrad_blocks);
-}
-
 template <class T, class In>
 void wgrad_partials(const FusedConvSizes& g, const In& in, const void* dpool, const void* pooled,
                     const std::uint8_t* winners, float* partials, cudaStream_t st) {
@@ -265,30 +245,12 @@ void dgrad(const FusedConvSizes& g, const void* dpool, const void* pooled, const
 }
 
 template <class T>
-void dgrad_tc(const FusedConvSizes& g, const void* dpool, const void* pooled, const std::uint8_t* winners,
-              const void* w, void* dx, cudaStream_t st) {
-  conv_dgrad_tc_kernel<T><<<static_cast<unsigned>(dgrad_tc_blocks(g)), kDgradThreads, 0, st>>>(
-      g, static_cast<const T*>(dpool), static_cast<const T*>(pooled), winners, static_cast<const T*>(w),
-      static_cast<T*>(dx));
-  MF_CHECK_LAUNCH();
-}
-
-template <class T>
 void backward(const FusedConvSizes& g, const void* x, const void* dpool, const void* pooled,
-              const std::uint8_t* winners, const void* w, void* dx, float* partials, bool tc, cudaStream_t st) {
-  const auto* dp = static_cast<const T*>(dpool);
-  const auto* pd = static_cast<const T*>(pooled);
-  if (tc) {  // the partial sums' blocks have kDgradThreads threads too
-    const i64 dgrad_blocks = dgrad_tc_blocks(g), tap_blocks = (tap_threads(g) + kDgradThreads - 1) / kDgradThreads;
-    conv_backward_tc_kernel<T><<<static_cast<unsigned>(dgrad_blocks + tap_blocks), kDgradThreads, 0, st>>>(
-        g, activations<T>(g, x), dp, pd, winners, static_cast<const T*>(w), static_cast<T*>(dx), partials,
-        dgrad_blocks);
-  } else {
-    const int dgrad_blocks = blocks_for(dgrad_threads(g)), tap_blocks = blocks_for(tap_threads(g));
-    conv_backward_kernel<T><<<dgrad_blocks + tap_blocks, kBlock, 0, st>>>(
-        g, activations<T>(g, x), dp, pd, winners, static_cast<const T*>(w), static_cast<T*>(dx), partials,
-        dgrad_blocks);
-  }
+              const std::uint8_t* winners, const void* w, void* dx, float* partials, cudaStream_t st) {
+  const int dgrad_blocks = blocks_for(dgrad_threads(g)), tap_blocks = blocks_for(tap_threads(g));
+  conv_backward_kernel<T><<<dgrad_blocks + tap_blocks, kBlock, 0, st>>>(
+      g, activations<T>(g, x), static_cast<const T*>(dpool), static_cast<const T*>(pooled), winners,
+      static_cast<const T*>(w), static_cast<T*>(dx), partials, dgrad_blocks);
   MF_CHECK_LAUNCH();
 }
 
@@ -330,30 +292,21 @@ void launch_fused_conv_wgrad_sums(const FusedWgradSum* layers, int count, std::i
   MF_CHECK_LAUNCH();
 }
 
-bool fused_conv_dgrad_takes_tensor_cores(const FusedConvSizes& g, const void* w, bool half) {
-  const int step = half ? Mma<__half>::kStep : Mma<float>::kStep;
-  return dgrad_tc_fits(g, step) && reinterpret_cast<std::uintptr_t>(w) % 32 == 0 &&
-         dgrad_tc_blocks(g) + (tap_threads(g) + kDgradThreads - 1) / kDgradThreads <= 2147483647;
-}
-
 void launch_fused_conv_dgrad(const FusedConvSizes& g, const void* dpool, const void* pooled,
-                             const std::uint8_t* winners, const void* w, void* dx, bool half, bool tensor_cores,
-                             GpuStream stream) {
+                             const std::uint8_t* winners, const void* w, void* dx, bool half, GpuStream stream) {
   check_sizes(g);
   if (g.n == 0) return;
-  const bool tc = tensor_cores && fused_conv_dgrad_takes_tensor_cores(g, w, half);
-  if (half) (tc ? dgrad_tc<__half> : dgrad<__half>)(g, dpool, pooled, winners, w, dx, stream);
-  else (tc ? dgrad_tc<float> : dgrad<float>)(g, dpool, pooled, winners, w, dx, stream);
+  if (half) dgrad<__half>(g, dpool, pooled, winners, w, dx, stream);
+  else dgrad<float>(g, dpool, pooled, winners, w, dx, stream);
 }
 
 void launch_fused_conv_backward(const FusedConvSizes& g, const void* x, const void* dpool, const void* pooled,
                                 const std::uint8_t* winners, const void* w, void* dx, float* scratch, bool half,
-                                bool tensor_cores, GpuStream stream) {
+                                GpuStream stream) {
   check_sizes(g);
   if (g.n == 0) return;
-  const bool tc = tensor_cores && fused_conv_dgrad_takes_tensor_cores(g, w, half);
-  if (half) backward<__half>(g, x, dpool, pooled, winners, w, dx, scratch, tc, stream);
-  else backward<float>(g, x, dpool, pooled, winners, w, dx, scratch, tc, stream);
+  if (half) backward<__half>(g, x, dpool, pooled, winners, w, dx, scratch, stream);
+  else backward<float>(g, x, dpool, pooled, winners, w, dx, scratch, stream);
 }
 
 }  // namespace mf

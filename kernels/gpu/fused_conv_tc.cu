@@ -27,7 +27,6 @@
 
 #include "kernels/gpu/fused.h"
 #include "kernels/gpu/fused_conv_common.cuh"
-#include "kernels/gpu/fused_wmma.cuh"
 #include "runtime/cuda_check.h"
 #include "runtime/kernel_util.cuh"
 
@@ -46,6 +45,27 @@ constexpr int kWarpFilters = kTileFilters * kTilesPerWarp;
 constexpr int kStageChannels = 32;        // channels of one tap staged at a time
 constexpr int kTcWarps = 4;               // warps a block
 constexpr int kTcThreads = kTcWarps * kLanes;
+
+// What differs between the two precisions: the multiplicand type, the k of one product
+// (m16n16k8 for TF32, m16n16k16 for half), and TF32's rounding of each loaded element.
+template <class T>
+struct Mma;
+template <>
+struct Mma<float> {
+  using Precision = wmma::precision::tf32;
+  static constexpr int kStep = 8;
+  template <class Frag>
+  __device__ static void round(Frag& f) {
+    for (int i = 0; i < f.num_elements; ++i) f.x[i] = wmma::__float_to_tf32(f.x[i]);
+  }
+};
+template <>
+struct Mma<__half> {
+  using Precision = __half;
+  static constexpr int kStep = 16;
+  template <class Frag>
+  __device__ static void round(Frag&) {}
+};
 
 // A warp's shared memory: two stages of its 16 rows' inputs, filled in turn, so that one
 // __syncwarp() a stage is enough (a row padded by 32 bytes, which keeps ldm a multiple of 16

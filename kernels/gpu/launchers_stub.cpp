@@ -106,15 +106,12 @@ void launch_fused_conv_wgrad_sums(const FusedWgradSum*, int, std::int64_t*, std:
                                   GpuStream) {
   no_gpu("fused_conv_wgrad_sums");
 }
-bool fused_conv_dgrad_takes_tensor_cores(const FusedConvSizes&, const void*, bool) {
-  no_gpu("fused_conv_dgrad_takes_tensor_cores");
-}
 void launch_fused_conv_dgrad(const FusedConvSizes&, const void*, const void*, const std::uint8_t*, const void*, void*,
-                             bool, bool, GpuStream) {
+                             bool, GpuStream) {
   no_gpu("fused_conv_dgrad");
 }
 void launch_fused_conv_backward(const FusedConvSizes&, const void*, const void*, const void*, const std::uint8_t*,
-                                const void*, void*, float*, bool, bool, GpuStream) {
+                                const void*, void*, float*, bool, GpuStream) {
   no_gpu("fused_conv_backward");
 }
 void launch_fused_head(const FusedHeadSizes&, const void*, const void*, const void*, const void*, const void*,

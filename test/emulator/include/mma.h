@@ -113,16 +113,6 @@ void load_matrix_sync(fragment<Use, M, N, K, T, Layout>& f, const P* p, unsigned
     for (int j = 0; j < F::cols; ++j) f.x[i * F::cols + j] = p[row ? i * ldm + j : j * ldm + i];
 }
 
-// An accumulator: the layout is the call's, as in a store.
-template <int M, int N, int K>
-void load_matrix_sync(fragment<accumulator, M, N, K, float>& f, const float* p, unsigned ldm, layout_t layout) {
-  using F = fragment<accumulator, M, N, K, float>;
-  detail::check_access(p, ldm, sizeof(float), "load_matrix_sync");
-  detail::warp_function();
-  for (int i = 0; i < F::rows; ++i)
-    for (int j = 0; j < F::cols; ++j) f.x[i * F::cols + j] = p[layout == mem_row_major ? i * ldm + j : j * ldm + i];
-}
-
 template <int M, int N, int K>
 void store_matrix_sync(float* p, const fragment<accumulator, M, N, K, float>& f, unsigned ldm, layout_t layout) {
   using F = fragment<accumulator, M, N, K, float>;
